@@ -1,0 +1,261 @@
+"""Config schema (structured dataclasses) and the checks that run on a *composed* config.
+
+Hydra composes YAML from ``configs/`` on top of these dataclasses, which catches unknown keys
+and wrong types at compose time. ``validate_model`` then checks the cross-field rules, after
+command-line overrides (``__post_init__`` would not re-run after overrides). Every error is a
+:class:`ConfigError` whose one-line message names the dotted key, the value and the rule.
+
+This module must stay import-light (no torch): ``--cfg job`` and ``--help`` use it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A user-fixable config problem; exit code 2 from the CLI."""
+
+    exit_code = 2
+
+
+# ----------------------------------------------------------------------------------- choices
+# Enum member names are the config file names and the registry keys (a test checks all three).
+
+
+class FamilyName(enum.Enum):
+    encoder = "encoder"
+    decoder = "decoder"
+    encoder_decoder = "encoder_decoder"
+
+
+class NormName(enum.Enum):
+    layernorm = "layernorm"
+    rmsnorm = "rmsnorm"
+
+
+class BlockName(enum.Enum):
+    pre = "pre"
+    post = "post"
+    sandwich = "sandwich"
+
+
+class PositionName(enum.Enum):
+    none = "none"
+    sinusoidal = "sinusoidal"
+    learned = "learned"
+    t5_bias = "t5_bias"
+    rope = "rope"
+    alibi = "alibi"
+
+
+class RopeScaling(enum.Enum):
+    none = "none"
+    linear = "linear"
+    ntk = "ntk"
+    yarn = "yarn"
+
+
+class FFNName(enum.Enum):
+    gelu_mlp = "gelu_mlp"
+    relu_mlp = "relu_mlp"
+    swiglu = "swiglu"
+    geglu = "geglu"
+
+
+class AttentionName(enum.Enum):
+    mha = "mha"
+    gqa = "gqa"
+    mqa = "mqa"
+
+
+# ------------------------------------------------------------------------------------ schema
+
+
+@dataclass
+class FamilyConfig:
+    name: FamilyName = FamilyName.decoder
+    # encoder_decoder only: encoder depth (null = model.n_layers).
+    n_encoder_layers: int | None = None
+
+
+@dataclass
+class NormConfig:
+    name: NormName = NormName.layernorm
+    eps: float = 1e-5
+    bias: bool = True  # LayerNorm only; RMSNorm has no bias
+
+
+@dataclass
+class BlockConfig:
+    name: BlockName = BlockName.pre
+
+
+@dataclass
+class PositionConfig:
+    name: PositionName = PositionName.none
+    # rope
+    base: float = 10000.0
+    scaling: RopeScaling = RopeScaling.none
+    factor: float = 1.0  # context extension factor for linear / ntk / yarn
+    original_max_seq_len: int | None = None  # yarn: training context (null = model.max_seq_len)
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    # t5_bias
+    num_buckets: int = 32
+    max_distance: int = 128
+
+
+@dataclass
+class FFNConfig:
+    name: FFNName = FFNName.gelu_mlp
+    bias: bool = True
+
+
+@dataclass
+class AttentionConfig:
+    name: AttentionName = AttentionName.mha
+    n_kv_heads: int | None = None  # mha: null (= n_heads); gqa: required; mqa: null (= 1)
+    bias: bool = True
+    dropout: float = 0.0
+
+
+@dataclass
+class ModelConfig:
+    family: FamilyConfig = field(default_factory=FamilyConfig)
+    norm: NormConfig = field(default_factory=NormConfig)
+    block: BlockConfig = field(default_factory=BlockConfig)
+    position: PositionConfig = field(default_factory=PositionConfig)
+    ffn: FFNConfig = field(default_factory=FFNConfig)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    vocab_size: int = 256
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    d_head: int | None = None  # null = d_model // n_heads
+    d_ff: int = 256
+    max_seq_len: int = 256
+    dropout: float = 0.0  # embedding and residual dropout
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    # Derived values: read these, never recompute them at call sites.
+    @property
+    def head_dim(self) -> int:
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return resolve_kv_heads(self)
+
+    @property
+    def encoder_layers(self) -> int:
+        n = self.family.n_encoder_layers
+        return self.n_layers if n is None else n
+
+
+@dataclass
+class EstimateConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    batch_size: int = 1
+    seq_len: int | None = None  # null = model.max_seq_len
+    bytes_per_value: int = 2  # KV cache / activation dtype size (2 = bf16/fp16)
+
+
+def register_configs() -> None:
+    """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="estimate_schema", node=EstimateConfig)
+    cs.store(group="model", name="schema", node=ModelConfig)
+
+
+# -------------------------------------------------------------------------------- validation
+
+
+def _fail(key: str, value: Any, rule: str, hint: str = "") -> ConfigError:
+    tail = f"; {hint}" if hint else ""
+    return ConfigError(f"config error: {key}={value!r}: {rule}{tail}")
+
+
+def resolve_kv_heads(m: ModelConfig) -> int:
+    """Number of K/V heads implied by ``attention.name`` (MHA/GQA/MQA) and ``n_kv_heads``."""
+    a = m.attention
+    if a.name is AttentionName.mha:
+        return m.n_heads if a.n_kv_heads is None else a.n_kv_heads
+    if a.name is AttentionName.mqa:
+        return 1 if a.n_kv_heads is None else a.n_kv_heads
+    if a.n_kv_heads is None:
+        raise _fail("model.attention.n_kv_heads", None, "gqa needs n_kv_heads set",
+                    "e.g. model.attention.n_kv_heads=2")
+    return a.n_kv_heads
+
+
+def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
+    """Check the cross-field rules of a composed model config; return it unchanged."""
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+        value = getattr(m, name)
+        if value < 1:
+            raise _fail(f"{key}.{name}", value, "must be >= 1")
+    for name, value in (("dropout", m.dropout), ("attention.dropout", m.attention.dropout)):
+        if not 0.0 <= value < 1.0:
+            raise _fail(f"{key}.{name}", value, "must be in [0, 1)")
+    if m.d_head is None and m.d_model % m.n_heads:
+        raise _fail(f"{key}.n_heads", m.n_heads, f"must divide d_model={m.d_model}",
+                    "or set model.d_head explicitly")
+    if m.d_head is not None and m.d_head < 1:
+        raise _fail(f"{key}.d_head", m.d_head, "must be >= 1")
+    kv = resolve_kv_heads(m)
+    kind = m.attention.name.value
+    if not 1 <= kv <= m.n_heads or m.n_heads % kv:
+        raise _fail(f"{key}.attention.n_kv_heads", kv,
+                    f"must be in [1, n_heads={m.n_heads}] and divide n_heads")
+    if kind == "mha" and kv != m.n_heads:
+        raise _fail(f"{key}.attention.n_kv_heads", kv, f"mha needs n_kv_heads == n_heads={m.n_heads}",
+                    "use model/attention=gqa or mqa")
+    if kind == "mqa" and kv != 1:
+        raise _fail(f"{key}.attention.n_kv_heads", kv, "mqa needs n_kv_heads == 1")
+    if kind == "gqa" and not 1 < kv < m.n_heads:
+        raise _fail(f"{key}.attention.n_kv_heads", kv,
+                    f"gqa needs 1 < n_kv_heads < n_heads={m.n_heads}", "use mha or mqa")
+    p = m.position
+    if p.name is PositionName.rope:
+        if m.head_dim % 2:
+            raise _fail(f"{key}.d_head", m.head_dim, "rope needs an even head dimension")
+        if p.base <= 1:
+            raise _fail(f"{key}.position.base", p.base, "must be > 1")
+        if p.factor < 1:
+            raise _fail(f"{key}.position.factor", p.factor, "must be >= 1")
+    if p.name is PositionName.t5_bias and (p.num_buckets < 2 or p.max_distance < p.num_buckets // 2):
+        raise _fail(f"{key}.position.num_buckets", p.num_buckets,
+                    "needs num_buckets >= 2 and max_distance >= num_buckets/2")
+    if m.norm.eps <= 0:
+        raise _fail(f"{key}.norm.eps", m.norm.eps, "must be > 0")
+    if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
+        raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
+    return m
+
+
+def model_config(cfg: DictConfig | ModelConfig | dict) -> ModelConfig:
+    """Turn a composed ``cfg.model`` (DictConfig, plain dict or dataclass) into a checked
+    :class:`ModelConfig`. Plain dicts (e.g. from a checkpoint) are merged onto the schema, so
+    unknown keys and wrong types are rejected the same way as at compose time."""
+    if isinstance(cfg, ModelConfig):
+        return validate_model(cfg)
+    if isinstance(cfg, dict):
+        if "_target_" in str(cfg):
+            raise ConfigError("config error: model: '_target_' is not allowed in a model config")
+        cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+    elif OmegaConf.get_type(cfg) is not ModelConfig:
+        cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+    return validate_model(OmegaConf.to_object(cfg))
+
+
+def model_to_dict(m: ModelConfig) -> dict[str, Any]:
+    """Plain, YAML-safe dict of a model config (enums as strings)."""
+    return OmegaConf.to_container(OmegaConf.structured(m), enum_to_str=True)

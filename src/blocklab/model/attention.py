@@ -1,0 +1,135 @@
+"""Attention: fused projections, MHA / GQA / MQA through ``n_kv_heads``, self- and cross-attention,
+and the preallocated KV cache. Which key a query may see is decided in masks.py only; this file
+consumes a :class:`~blocklab.model.masks.Visibility`.
+
+Shape legend: B batch, T tokens, H query heads, Hkv key/value heads, D d_head, d d_model,
+L layers, C cache capacity.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blocklab.model.masks import Visibility
+from blocklab.model.position import apply_rotary
+
+
+class KVCache:
+    """Preallocated K/V buffers for every layer of one stack, plus per-slot key metadata
+    (position ids and validity) so that relative biases and padding masks see the past.
+
+    Decoding writes new keys at ``[length, length + T)``; the stack advances ``length`` once per
+    forward. Cross-attention K/V (encoder–decoder) are computed once and kept in ``cross``.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, d_head: int, capacity: int,
+                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        shape = (n_layers, batch, n_kv_heads, capacity, d_head)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, C, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        self.has_padding = False
+        self.length = 0
+        self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the self-attention K/V buffers (the dense-cache formula's quantity)."""
+        return self.k.nbytes + self.v.nbytes
+
+    def begin(self, positions: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Record the new tokens' positions/validity; return those of every key so far."""
+        start, end = self.length, self.length + positions.shape[1]
+        if end > self.capacity:
+            raise ValueError(f"KV cache full: {end} tokens > capacity {self.capacity}")
+        self.positions[:, start:end] = positions
+        self.valid[:, start:end] = True if valid is None else valid
+        self.has_padding = self.has_padding or (valid is not None and not bool(valid.all()))
+        return self.positions[:, :end], (self.valid[:, :end] if self.has_padding else None)
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store this layer's new K/V (B, Hkv, T, D); return all K/V so far (B, Hkv, length+T, D)."""
+        start, end = self.length, self.length + k.shape[2]
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+
+def _heads(x: Tensor, n: int) -> Tensor:
+    b, t, _ = x.shape
+    return x.view(b, t, n, -1).transpose(1, 2)  # (B, n, T, D)
+
+
+def _merge(o: Tensor) -> Tensor:
+    b, _, t, _ = o.shape
+    return o.transpose(1, 2).reshape(b, t, -1)  # (B, T, H*D)
+
+
+class _Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *, bias: bool,
+                 dropout: float) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
+        self.dropout = dropout
+        self.out = nn.Linear(n_heads * d_head, d_model, bias=bias)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, visibility: Visibility) -> Tensor:
+        o = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.n_kv_heads != self.n_heads, **visibility.sdpa_kwargs(),
+        )  # (B, H, Tq, D)
+        return self.out(_merge(o))  # (B, Tq, d)
+
+
+class SelfAttention(_Attention):
+    """Multi-head self-attention with one fused QKV projection. ``n_kv_heads < n_heads`` shares
+    each K/V head among ``n_heads / n_kv_heads`` query heads: GQA ("GQA", arXiv 2305.13245), or
+    MQA at one K/V head ("Fast Transformer Decoding", arXiv 1911.02150)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *, bias: bool,
+                 dropout: float) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, d_head, bias=bias, dropout=dropout)
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias)
+        self.split = (n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head)
+
+    def forward(self, x: Tensor, visibility: Visibility, rotary: tuple[Tensor, Tensor] | None,
+                cache: KVCache | None, layer: int) -> Tensor:
+        q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, T, H*D), (B, T, Hkv*D) x2
+        q, k, v = _heads(q, self.n_heads), _heads(k, self.n_kv_heads), _heads(v, self.n_kv_heads)
+        if rotary is not None:
+            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        if cache is not None:
+            k, v = cache.write(layer, k, v)  # (B, Hkv, Tk, D)
+        return self._attend(q, k, v, visibility)
+
+
+class CrossAttention(_Attention):
+    """Decoder queries over encoder outputs ("Attention Is All You Need", arXiv 1706.03762).
+    The encoder's K/V are computed once per generation and kept in the cache."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *, bias: bool,
+                 dropout: float) -> None:
+        super().__init__(d_model, n_heads, n_kv_heads, d_head, bias=bias, dropout=dropout)
+        self.q = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.kv = nn.Linear(d_model, 2 * n_kv_heads * d_head, bias=bias)
+
+    def forward(self, x: Tensor, memory: Tensor, visibility: Visibility, cache: KVCache | None,
+                layer: int) -> Tensor:
+        q = _heads(self.q(x), self.n_heads)  # (B, H, Tq, D)
+        kv = cache.cross[layer] if cache is not None else None
+        if kv is None:
+            k, v = self.kv(memory).chunk(2, dim=-1)  # (B, S, Hkv*D) x2
+            kv = (_heads(k, self.n_kv_heads), _heads(v, self.n_kv_heads))  # (B, Hkv, S, D)
+            if cache is not None:
+                cache.cross[layer] = kv
+        return self._attend(q, kv[0], kv[1], visibility)

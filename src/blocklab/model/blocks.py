@@ -1,0 +1,100 @@
+"""Norm placement: one block class per placement, whose ``forward`` is the equation in its
+docstring. Norm *kind* (LayerNorm / RMSNorm) comes from norm.py; the sublayers are the same
+for every placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from blocklab.config import ModelConfig
+from blocklab.model.attention import CrossAttention, KVCache, SelfAttention
+from blocklab.model.ffn import FFNS
+from blocklab.model.masks import Visibility
+from blocklab.model.norm import NORMS
+from blocklab.registry import lookup
+
+
+@dataclass
+class Context:
+    """Everything a block needs besides ``x``; built once per stack forward."""
+
+    visibility: Visibility
+    rotary: tuple[Tensor, Tensor] | None = None
+    cache: KVCache | None = None
+    memory: Tensor | None = None  # encoder output (B, S, d), encoder–decoder only
+    cross_visibility: Visibility | None = None
+
+
+class Block(nn.Module):
+    """Sublayers shared by every placement: self-attention, optional cross-attention, FFN."""
+
+    #: Whether a stack of these blocks ends with a norm (pre-norm residual streams are unnormed).
+    final_norm: bool = True
+    #: Norms per sublayer (sandwich norms both input and output).
+    norms_per_sublayer: int = 1
+
+    def __init__(self, m: ModelConfig, layer: int, *, cross: bool) -> None:
+        super().__init__()
+        self.layer = layer
+        a, kv, dh = m.attention, m.kv_heads, m.head_dim
+        self.attn = SelfAttention(m.d_model, m.n_heads, kv, dh, bias=a.bias, dropout=a.dropout)
+        self.cross = (CrossAttention(m.d_model, m.n_heads, kv, dh, bias=a.bias, dropout=a.dropout)
+                      if cross else None)
+        self.ffn = lookup(FFNS, m.ffn.name, "model.ffn.name")(m.ffn, m.d_model, m.d_ff)
+        make_norm = lookup(NORMS, m.norm.name, "model.norm.name")
+        n_sub = 3 if cross else 2
+        self.norms = nn.ModuleList(make_norm(m.norm, m.d_model)
+                                   for _ in range(n_sub * self.norms_per_sublayer))
+        self.drop = nn.Dropout(m.dropout)
+
+    def sublayers(self, ctx: Context) -> list:
+        """The residual branches in order, each a function of its (normed) input."""
+        subs = [lambda h: self.attn(h, ctx.visibility, ctx.rotary, ctx.cache, self.layer)]
+        if self.cross is not None:
+            subs.append(lambda h: self.cross(h, ctx.memory, ctx.cross_visibility, ctx.cache,
+                                             self.layer))
+        subs.append(self.ffn)
+        return subs
+
+
+class PreNorm(Block):
+    """``x ← x + F(N(x))`` per sublayer, then a final norm: stable without warmup.
+    "On Layer Normalization in the Transformer Architecture", arXiv 2002.04745."""
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        for f, norm in zip(self.sublayers(ctx), self.norms):
+            x = x + self.drop(f(norm(x)))
+        return x
+
+
+class PostNorm(Block):
+    """``x ← N(x + F(x))`` per sublayer, no final norm: the original Transformer
+    ("Attention Is All You Need", arXiv 1706.03762) and BERT."""
+
+    final_norm = False
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        for f, norm in zip(self.sublayers(ctx), self.norms):
+            x = norm(x + self.drop(f(x)))
+        return x
+
+
+class Sandwich(Block):
+    """``x ← x + N_out(F(N_in(x)))``: pre-norm plus a norm on each branch output, which bounds
+    the residual updates. "CogView", arXiv 2105.13290; also Gemma 2."""
+
+    norms_per_sublayer = 2
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        for i, f in enumerate(self.sublayers(ctx)):
+            x = x + self.drop(self.norms[2 * i + 1](f(self.norms[2 * i](x))))
+        return x
+
+
+BLOCKS: dict[str, type[Block]] = {
+    "pre": PreNorm,
+    "post": PostNorm,
+    "sandwich": Sandwich,
+}

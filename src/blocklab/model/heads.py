@@ -1,0 +1,39 @@
+"""Output heads: next-token LM head and BERT-style masked-LM head, tied to the input embedding
+or not ("Using the Output Embedding to Improve Language Models", arXiv 1608.05859)."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blocklab.config import ModelConfig
+from blocklab.model.norm import NORMS
+from blocklab.registry import lookup
+
+
+class LMHead(nn.Module):
+    """Project the final hidden state to vocabulary logits."""
+
+    def __init__(self, m: ModelConfig, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.proj = nn.Linear(m.d_model, m.vocab_size, bias=False)
+        if m.tie_embeddings:
+            self.proj.weight = embedding.weight  # one Parameter, two names
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.proj(h)  # (B, T, V)
+
+
+class MLMHead(LMHead):
+    """BERT's masked-LM head: dense + GELU + norm, then the (tied) vocabulary projection with a
+    bias. "BERT", arXiv 1810.04805."""
+
+    def __init__(self, m: ModelConfig, embedding: nn.Embedding) -> None:
+        super().__init__(m, embedding)
+        self.dense = nn.Linear(m.d_model, m.d_model)
+        self.norm = lookup(NORMS, m.norm.name, "model.norm.name")(m.norm, m.d_model)
+        self.bias = nn.Parameter(embedding.weight.new_zeros(m.vocab_size))
+
+    def forward(self, h: Tensor) -> Tensor:
+        h = self.norm(F.gelu(self.dense(h)))
+        return F.linear(h, self.proj.weight, self.bias)  # (B, T, V)

@@ -1,0 +1,94 @@
+"""THE only place that decides which key a query may see.
+
+Polarity, once: ``allowed[..., i, j] is True`` means query ``i`` may attend to key ``j`` (the
+convention of ``torch.nn.functional.scaled_dot_product_attention`` boolean masks).
+
+Everything is expressed with *indices into the key buffer*, never with position ids, so the
+same rules hold for KV-cache decoding (the ``T_q`` new queries sit at the end of ``T_k`` keys),
+left padding and packed documents:
+
+- causal:   key ``j`` visible to query ``i`` iff ``j <= i + (T_k - T_q)``;
+- padding:  key ``j`` visible iff ``key_valid[b, j]``;
+- document: key ``j`` visible iff ``segments[b, j] == segments[b, i]`` (packed rows);
+- cross:    decoder query sees encoder key ``j`` iff ``source_valid[b, j]``.
+
+A query whose row is entirely invisible (a padding query) gets an all-zero attention output from
+SDPA (torch >= 2.5), never NaN; tests guard it.
+
+Shapes: B batch, H heads, Tq queries, Tk keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """What SDPA needs: an explicit mask (bool ``allowed`` or additive float scores) or the
+    ``is_causal`` fast path, never both."""
+
+    allowed: Tensor | None  # bool (B|1, 1, Tq, Tk), or float additive (B|1, H|1, Tq, Tk)
+    causal: bool
+
+    def sdpa_kwargs(self) -> dict[str, Any]:
+        return {"attn_mask": self.allowed, "is_causal": self.causal}
+
+
+EVERYTHING = Visibility(allowed=None, causal=False)
+
+
+def causal_allowed(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
+    """(Tq, Tk) bool: the last ``q_len`` of ``k_len`` positions see themselves and the past."""
+    q_idx = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    k_idx = torch.arange(k_len, device=device)[None, :]
+    return k_idx <= q_idx
+
+
+def self_visibility(
+    *,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    key_valid: Tensor | None = None,  # (B, Tk) bool
+    q_segments: Tensor | None = None,  # (B, Tq) int
+    k_segments: Tensor | None = None,  # (B, Tk) int
+    bias: Tensor | None = None,  # (B|1, H, Tq, Tk) float score bias (ALiBi, T5)
+    device: torch.device | None = None,
+) -> Visibility:
+    """Visibility for self-attention of ``q_len`` new queries over ``k_len`` keys."""
+    if key_valid is None and q_segments is None and bias is None:
+        if not causal or q_len == 1:  # one new query sees every cached key
+            return EVERYTHING
+        if q_len == k_len:
+            return Visibility(allowed=None, causal=True)  # SDPA fast path
+    allowed = None
+    if causal:
+        allowed = causal_allowed(q_len, k_len, device)[None, None]  # (1, 1, Tq, Tk)
+    if key_valid is not None:
+        kv = key_valid[:, None, None, :].bool()  # (B, 1, 1, Tk)
+        allowed = kv if allowed is None else allowed & kv
+    if q_segments is not None:
+        assert k_segments is not None, "q_segments without k_segments"
+        same = q_segments[:, None, :, None] == k_segments[:, None, None, :]  # (B, 1, Tq, Tk)
+        allowed = same if allowed is None else allowed & same
+    if bias is None:
+        return Visibility(allowed=allowed, causal=False)
+    if allowed is None:
+        return Visibility(allowed=bias, causal=False)
+    return Visibility(allowed=bias.masked_fill(~allowed, float("-inf")), causal=False)
+
+
+def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = None,
+                     k_segments: Tensor | None = None) -> Visibility:
+    """Visibility of decoder queries over encoder outputs: only real (non-padding) sources, and
+    in packed rows only the source document paired with the query's (same segment id)."""
+    allowed = None if source_valid is None else source_valid[:, None, None, :].bool()  # (B,1,1,S)
+    if q_segments is not None and k_segments is not None:
+        same = q_segments[:, None, :, None] == k_segments[:, None, None, :]  # (B, 1, Tq, S)
+        allowed = same if allowed is None else allowed & same
+    return EVERYTHING if allowed is None else Visibility(allowed=allowed, causal=False)

@@ -1,0 +1,224 @@
+"""Position schemes. Each implements up to three hooks that default to no-ops, so attention code
+never asks which scheme it runs:
+
+- ``embed(x, positions)``: absolute schemes add a vector per position to the token embedding;
+- ``rotary(positions)``: rotary schemes return ``(cos, sin)`` once per forward, which attention
+  applies to q and k with :func:`apply_rotary`;
+- ``score_bias(q_positions, k_positions)``: relative schemes return an additive score bias
+  ``(B, H, Tq, Tk)``.
+
+Positions are always explicit ``(B, T)`` integer tensors: KV-cache decoding continues from the
+prompt's last position, left-padded rows start at 0 at their first real token, and packed rows
+restart at 0 at each document (see :func:`positions_from_valid`, :func:`positions_from_segments`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from blocklab.config import PositionConfig, RopeScaling
+
+
+class Position(nn.Module):
+    """No position information (NoPE). Also the base class: every hook is a no-op."""
+
+    #: Largest number of positions the scheme can index; ``None`` = unbounded.
+    max_positions: int | None = None
+
+    def __init__(self, cfg: PositionConfig, *, d_model: int, d_head: int, n_heads: int,
+                 max_seq_len: int, causal: bool) -> None:
+        super().__init__()
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x
+
+    def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+        return None
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor | None:
+        return None
+
+
+class Sinusoidal(Position):
+    """Fixed sinusoids, PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same).
+    "Attention Is All You Need", arXiv 1706.03762. Computed from the positions, so any length."""
+
+    def __init__(self, cfg: PositionConfig, *, d_model: int, **kw: object) -> None:
+        super().__init__(cfg, d_model=d_model, **kw)
+        self.d_model = d_model
+        inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        angles = positions[..., None].float() * self.inv_freq  # (B, T, ceil(d/2))
+        pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, 2*ceil(d/2))
+        return x + pe[..., : self.d_model].to(x.dtype)
+
+
+class Learned(Position):
+    """A trained vector per absolute position (GPT-2, BERT). Cannot index past ``max_seq_len``."""
+
+    def __init__(self, cfg: PositionConfig, *, d_model: int, max_seq_len: int,
+                 **kw: object) -> None:
+        super().__init__(cfg, d_model=d_model, max_seq_len=max_seq_len, **kw)
+        self.max_positions = max_seq_len
+        self.table = nn.Embedding(max_seq_len, d_model)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        if positions.numel() and int(positions.max()) >= self.max_positions:
+            raise IndexError(f"learned positions: position {int(positions.max())} is beyond the "
+                             f"table (model.max_seq_len={self.max_positions})")
+        return x + self.table(positions)
+
+
+def t5_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: int,
+              max_distance: int) -> Tensor:
+    """T5's bucketing of ``relative = k_pos - q_pos``: exact buckets for small distances,
+    log-spaced up to ``max_distance``, one shared bucket beyond. "Exploring the Limits of
+    Transfer Learning with a Unified Text-to-Text Transformer", arXiv 1910.10683."""
+    bucket = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative > 0).long() * num_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)  # only the past has distinct buckets
+    max_exact = num_buckets // 2
+    is_small = distance < max_exact
+    log_ratio = torch.log(distance.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = large.clamp(max=num_buckets - 1)
+    return bucket + torch.where(is_small, distance, large)
+
+
+class T5Bias(Position):
+    """Learned scalar bias per (head, relative-distance bucket), shared by all layers of a stack.
+    Bidirectional buckets in an encoder, causal buckets in a decoder. arXiv 1910.10683."""
+
+    def __init__(self, cfg: PositionConfig, *, n_heads: int, causal: bool, **kw: object) -> None:
+        super().__init__(cfg, n_heads=n_heads, causal=causal, **kw)
+        self.bidirectional = not causal
+        self.num_buckets, self.max_distance = cfg.num_buckets, cfg.max_distance
+        self.bias = nn.Embedding(cfg.num_buckets, n_heads)
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        relative = k_positions[:, None, :] - q_positions[:, :, None]  # (B, Tq, Tk)
+        buckets = t5_bucket(relative, bidirectional=self.bidirectional,
+                            num_buckets=self.num_buckets, max_distance=self.max_distance)
+        return self.bias(buckets).permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
+
+
+def alibi_slopes(n_heads: int) -> list[float]:
+    """Head slopes of ALiBi: the geometric sequence 2^(-8/n · h), h = 1..n, for n a power of two;
+    otherwise the slopes of the nearest lower power of two plus every other slope of the next.
+    "Train Short, Test Long", arXiv 2108.12409."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return power_of_two(n_heads)
+    lower = 2 ** math.floor(math.log2(n_heads))
+    return power_of_two(lower) + alibi_slopes(2 * lower)[0::2][: n_heads - lower]
+
+
+class ALiBi(Position):
+    """Linear distance penalty ``-slope_h · |k_pos - q_pos|`` on attention scores, no position
+    embedding; extrapolates past the training length. arXiv 2108.12409."""
+
+    def __init__(self, cfg: PositionConfig, *, n_heads: int, **kw: object) -> None:
+        super().__init__(cfg, n_heads=n_heads, **kw)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
+
+    def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        distance = (k_positions[:, None, :] - q_positions[:, :, None]).abs().float()  # (B,Tq,Tk)
+        return -self.slopes[None, :, None, None] * distance[:, None]  # (B, H, Tq, Tk)
+
+
+def rope_inv_freq(cfg: PositionConfig, d_head: int, max_seq_len: int) -> tuple[Tensor, float]:
+    """Inverse frequencies of rotary embedding and the attention factor, per scaling variant.
+
+    - none: base^(-2i/d) ("RoFormer", arXiv 2104.09864);
+    - linear: positions divided by ``factor`` ("Position Interpolation", arXiv 2306.15595),
+      expressed here as inv_freq / factor;
+    - ntk: base raised to base · factor^(d/(d-2)) ("NTK-aware scaled RoPE", bloc97, 2023);
+    - yarn: per-frequency blend of interpolation and extrapolation with a ramp between
+      ``beta_fast`` and ``beta_slow`` rotations, and attention factor 0.1·ln(factor) + 1
+      ("YaRN", arXiv 2309.00071).
+    """
+    dims = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head
+    base, factor = cfg.base, cfg.factor
+    if cfg.scaling is RopeScaling.ntk:
+        base = base * factor ** (d_head / (d_head - 2))
+    inv_freq = base ** -dims
+    attention_factor = 1.0
+    if cfg.scaling is RopeScaling.linear:
+        inv_freq = inv_freq / factor
+    elif cfg.scaling is RopeScaling.yarn:
+        original = cfg.original_max_seq_len or max_seq_len
+
+        def correction_dim(rotations: float) -> float:
+            return d_head * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(correction_dim(cfg.yarn_beta_fast)), 0)
+        high = min(math.ceil(correction_dim(cfg.yarn_beta_slow)), d_head - 1)
+        high = high + 0.001 if low == high else high
+        ramp = ((torch.arange(d_head // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+        extrapolate = 1 - ramp  # 1 for high-frequency dims (kept), 0 for low-frequency ones
+        inv_freq = (inv_freq / factor) * (1 - extrapolate) + inv_freq * extrapolate
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inv_freq.float(), attention_factor
+
+
+class RoPE(Position):
+    """Rotary position embedding: rotate q and k pairwise by angle p·θ_i so that q·k depends
+    only on the offset (rotate-half layout, as GPT-NeoX / Llama). Angles are computed in fp32
+    from the explicit positions (bf16 positions lose integers past 256). arXiv 2104.09864."""
+
+    def __init__(self, cfg: PositionConfig, *, d_head: int, max_seq_len: int,
+                 **kw: object) -> None:
+        super().__init__(cfg, d_head=d_head, max_seq_len=max_seq_len, **kw)
+        inv_freq, self.attention_factor = rope_inv_freq(cfg, d_head, max_seq_len)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        angles = positions[..., None].float() * self.inv_freq  # (B, T, d_head/2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, d_head)
+        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x`` (B, H, T, d_head) by the angles behind ``cos``/``sin`` (B, 1, T, d_head)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x * cos.to(x.dtype) + rotated * sin.to(x.dtype)).type_as(x)
+
+
+def positions_from_valid(valid: Tensor) -> Tensor:
+    """(B, T) positions for a padded batch: 0 at each row's first real token, counting real
+    tokens only (left and right padding alike); padding slots get 0."""
+    return (valid.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def positions_from_segments(segments: Tensor) -> Tensor:
+    """(B, T) positions for packed rows: restart at 0 wherever the segment id changes."""
+    b, t = segments.shape
+    idx = torch.arange(t, device=segments.device).expand(b, t)
+    start = torch.ones_like(segments, dtype=torch.bool)
+    start[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
+    return idx - first
+
+
+POSITIONS: dict[str, type[Position]] = {
+    "none": Position,
+    "sinusoidal": Sinusoidal,
+    "learned": Learned,
+    "t5_bias": T5Bias,
+    "rope": RoPE,
+    "alibi": ALiBi,
+}
