@@ -245,15 +245,21 @@ def model_config(cfg: DictConfig | ModelConfig | dict) -> ModelConfig:
     """Turn a composed ``cfg.model`` (DictConfig, plain dict or dataclass) into a checked
     :class:`ModelConfig`. Plain dicts (e.g. from a checkpoint) are merged onto the schema, so
     unknown keys and wrong types are rejected the same way as at compose time."""
+    from omegaconf.errors import OmegaConfBaseException
+
     if isinstance(cfg, ModelConfig):
         return validate_model(cfg)
-    if isinstance(cfg, dict):
-        if "_target_" in str(cfg):
-            raise ConfigError("config error: model: '_target_' is not allowed in a model config")
-        cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
-    elif OmegaConf.get_type(cfg) is not ModelConfig:
-        cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
-    return validate_model(OmegaConf.to_object(cfg))
+    if isinstance(cfg, dict) and "_target_" in str(cfg):
+        raise ConfigError("config error: model: '_target_' is not allowed in a model config")
+    try:
+        if isinstance(cfg, dict) or OmegaConf.get_type(cfg) is not ModelConfig:
+            cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
+        m = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        where = getattr(e, "full_key", None) or "?"
+        first = str(e).splitlines()[0]
+        raise ConfigError(f"config error: model.{where}: {first}") from None
+    return validate_model(m)
 
 
 def model_to_dict(m: ModelConfig) -> dict[str, Any]:

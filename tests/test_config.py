@@ -1,0 +1,145 @@
+"""Configs: every preset × every option of every model axis composes, validates and builds;
+config files, registry keys and schema enums are the same sets; bad values fail with one line
+naming the key, the value and the rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from blocklab import config as C
+from blocklab.config import ConfigError, model_config, register_configs
+from blocklab.model.blocks import BLOCKS
+from blocklab.model.estimate import count_params
+from blocklab.model.ffn import FFNS
+from blocklab.model.norm import NORMS
+from blocklab.model.position import POSITIONS
+from blocklab.model.transformer import FAMILIES, build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+AXES = {  # group -> (registry or None, schema enum)
+    "family": (FAMILIES, C.FamilyName),
+    "norm": (NORMS, C.NormName),
+    "block": (BLOCKS, C.BlockName),
+    "position": (POSITIONS, C.PositionName),
+    "ffn": (FFNS, C.FFNName),
+    "attention": (None, C.AttentionName),
+}
+PRESETS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
+
+register_configs()
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return compose("estimate", overrides=list(overrides))
+
+
+def _options(group: str) -> set[str]:
+    return {p.stem for p in (CONFIGS / "model" / group).glob("*.yaml")}
+
+
+@pytest.mark.parametrize("group", sorted(AXES))
+def test_config_files_registry_keys_and_enum_are_the_same_set(group):
+    registry, enum = AXES[group]
+    files = _options(group)
+    assert files == {e.value for e in enum} == {e.name for e in enum}
+    if registry is not None:
+        assert files == set(registry)
+
+
+def test_presets_exist():
+    assert {"gpt2_tiny", "llama_tiny", "bert_tiny", "t5_tiny"} <= set(PRESETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_option_of_every_axis_composes_validates_and_builds(preset):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        composed = {(g, o): compose("estimate", overrides=[f"model={preset}", f"model/{g}={o}"])
+                    for g in sorted(AXES) for o in sorted(_options(g))}
+    for (group, option), cfg in composed.items():
+        assert OmegaConf.select(cfg, f"model.{group}.name").value == option
+        assert OmegaConf.select(cfg, f"model.{group}.name").value == option
+        m = model_config(cfg.model)
+        with torch.device("meta"):
+            model = build_model(m)
+        assert sum(p.numel() for p in model.parameters()) == count_params(m)
+
+
+def test_preset_values_reach_the_model():
+    m = model_config(_compose("model=llama_tiny").model)
+    assert (m.norm.name, m.position.name, m.ffn.name, m.kv_heads) == (
+        C.NormName.rmsnorm, C.PositionName.rope, C.FFNName.swiglu, 2)
+    assert not m.attention.bias and not m.tie_embeddings
+    m = model_config(_compose("model=t5_tiny", "model.family.n_encoder_layers=2").model)
+    model = build_model(m)
+    assert len(model.encoder.blocks) == 2 and len(model.decoder.blocks) == 4
+
+
+@pytest.mark.parametrize(("overrides", "key", "words"), [
+    (["model.n_heads=3"], "model.n_heads=3", "must divide d_model=256"),
+    (["model/attention=gqa", "model.attention.n_kv_heads=3"], "model.attention.n_kv_heads=3", "divide n_heads"),
+    (["model/attention=gqa", "model.attention.n_kv_heads=8"], "model.attention.n_kv_heads=8", "[1, n_heads=4]"),
+    (["model/attention=mha", "model.attention.n_kv_heads=2"], "model.attention.n_kv_heads=2", "mha needs"),
+    (["model/attention=gqa", "model.attention.n_kv_heads=4"], "model.attention.n_kv_heads=4", "gqa needs 1 < n_kv_heads"),
+    (["model/attention=gqa", "model.attention.n_kv_heads=null"], "model.attention.n_kv_heads=None", "gqa needs n_kv_heads"),
+    (["model/position=rope", "model.d_head=7"], "model.d_head=7", "even head dimension"),
+    (["model/position=rope", "model.position.factor=0.5"], "model.position.factor=0.5", ">= 1"),
+    (["model.d_model=0"], "model.d_model=0", ">= 1"),
+    (["model.vocab_size=-5"], "model.vocab_size=-5", ">= 1"),
+    (["model.dropout=1.5"], "model.dropout=1.5", "[0, 1)"),
+    (["model.norm.eps=0"], "model.norm.eps=0.0", "> 0"),
+    (["model/position=t5_bias", "model.position.num_buckets=1"], "model.position.num_buckets=1", "num_buckets >= 2"),
+])
+def test_invalid_values_fail_with_one_line_naming_key_value_and_rule(overrides, key, words):
+    cfg = _compose(*overrides)
+    with pytest.raises(ConfigError) as err:
+        model_config(cfg.model)
+    msg = str(err.value)
+    assert "\n" not in msg and key in msg and words in msg, msg
+
+
+def test_typos_and_wrong_types_fail_at_compose_time():
+    with pytest.raises(ConfigCompositionException, match="n_layer"):
+        _compose("model.n_layer=3")
+    with pytest.raises(ConfigCompositionException, match="ropee"):
+        _compose("model/position=ropee")
+    with pytest.raises(ConfigCompositionException, match="d_model"):
+        _compose("model.d_model=big")
+    with pytest.raises(ConfigCompositionException, match="scaling"):
+        _compose("model/position=rope", "model.position.scaling=yarnn")
+
+
+def test_plain_dict_configs_are_checked_like_composed_ones():
+    good = C.model_to_dict(model_config(_compose("model=t5_tiny").model))
+    assert model_config(good) == model_config(_compose("model=t5_tiny").model)
+    with pytest.raises(ConfigError, match="n_layer"):
+        model_config({**good, "n_layer": 3})
+    with pytest.raises(ConfigError, match="d_model"):
+        model_config({**good, "d_model": "big"})
+    with pytest.raises(ConfigError, match="_target_"):
+        model_config({**good, "ffn": {"_target_": "os.system"}})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "blocklab-estimate"
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_estimate_command_prints_the_table_and_reports_errors_in_one_line():
+    out = _cli("model=llama_tiny", "model.n_layers=32", "model.d_model=4096", "model.n_heads=32",
+               "model.attention.n_kv_heads=8", "seq_len=8192")
+    assert out.returncode == 0, out.stderr
+    assert "1,073,741,824 B (1.000 GiB)" in out.stdout  # 2·B·L·T·H_kv·d_head·bytes
+    bad = _cli("model.n_heads=3")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "config error: model.n_heads=3: must divide d_model=256; or set model.d_head explicitly"]
