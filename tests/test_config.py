@@ -39,8 +39,7 @@ register_configs()
 
 
 def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        return compose("estimate", overrides=list(overrides))
+    return C.compose("estimate", overrides)  # the documented Python entry point
 
 
 def _options(group: str) -> set[str]:

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from blocklab.config import ConfigError, register_configs
+from blocklab.config import ConfigError, config_dir, register_configs
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+CONFIG_DIR = config_dir()
 
 register_configs()
 

@@ -166,6 +166,28 @@ class EstimateConfig:
     bytes_per_value: int = 2  # KV cache / activation dtype size (2 = bf16/fp16)
 
 
+def config_dir() -> str:
+    """The repository's ``configs/`` folder (blocklab runs from a clone, like the
+    lightning-hydra-template)."""
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parents[2] / "configs")
+
+
+def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose a config exactly as the command line would, for Python use::
+
+        cfg = compose("estimate", ["model=llama_tiny", "model/position=alibi"])
+        model = blocklab.model.build_model(cfg.model)
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return hydra_compose(config_name, overrides=list(overrides))
+
+
 def register_configs() -> None:
     """Register the schemas with Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore
