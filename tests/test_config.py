@@ -96,7 +96,7 @@ def test_preset_values_reach_the_model():
     (["model.vocab_size=-5"], "model.vocab_size=-5", ">= 1"),
     (["model.dropout=1.5"], "model.dropout=1.5", "[0, 1)"),
     (["model.norm.eps=0"], "model.norm.eps=0.0", "> 0"),
-    (["model/position=t5_bias", "model.position.num_buckets=1"], "model.position.num_buckets=1", "num_buckets >= 2"),
+    (["model/position=t5_bias", "model.position.num_buckets=1"], "model.position.num_buckets=1", "num_buckets >= 4"),
 ])
 def test_invalid_values_fail_with_one_line_naming_key_value_and_rule(overrides, key, words):
     cfg = _compose(*overrides)

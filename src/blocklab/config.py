@@ -158,6 +158,115 @@ class ModelConfig:
         return self.n_layers if n is None else n
 
 
+class DataName(enum.Enum):
+    synthetic = "synthetic"
+    text = "text"
+
+
+class TokenizerName(enum.Enum):
+    synthetic = "synthetic"  # the synthetic task vocabulary (data.name=synthetic)
+    bpe = "bpe"  # byte-level BPE trained on the corpus with `tokenizers`
+    byte = "byte"  # raw UTF-8 bytes + specials
+    file = "file"  # a saved tokenizer.json (HF `tokenizers` format)
+
+
+@dataclass
+class TokenizerConfig:
+    name: TokenizerName = TokenizerName.synthetic
+    vocab_size: int = 4096  # bpe: target size including specials
+    path: str | None = None  # file: path to tokenizer.json
+
+
+@dataclass
+class DataConfig:
+    name: DataName = DataName.synthetic
+    seed: int = 1234
+    batch_size: int = 32
+    seq_len: int = 128  # longest training sequence (the row length when packing)
+    min_len: int = 32  # synthetic: shortest sequence
+    curriculum_steps: int = 0  # synthetic: max length ramps min_len -> seq_len over these steps
+    packing: bool = False  # pack documents into seq_len rows with document masks
+    val_batches: int = 8
+    num_workers: int = 0
+    # synthetic
+    n_filler: int = 64
+    n_keys: int = 64
+    n_values: int = 64
+    tasks: dict[str, float] = field(default_factory=lambda: {"needle": 1.0})
+    n_distractors: list[int] = field(default_factory=lambda: [1, 3])  # inclusive range
+    fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
+    # text
+    corpus: str | None = None  # built-in corpus name (e.g. shakespeare)
+    files: list[str] = field(default_factory=list)  # local text/json/jsonl/parquet files
+    format: str = "text"  # text | json | parquet (datasets.load_dataset builder)
+    text_key: str = "text"
+    val_fraction: float = 0.02
+    long_documents: str = "split"  # split | truncate
+    mlm_probability: float = 0.15  # encoder family: fraction of tokens masked
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 = off
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "cosine"  # cosine | constant | linear
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+
+
+@dataclass
+class TrainerConfig:
+    name: str = "cpu"
+    accelerator: str = "cpu"
+    devices: int = 1
+    strategy: str = "auto"
+    num_nodes: int = 1
+    precision: str = "32-true"
+    max_steps: int = 1000
+    accumulate: int = 1
+    val_every_steps: int = 250
+    ckpt_every_steps: int = 250
+    keep_checkpoints: int = 3  # newest N kept (0 = all)
+    log_every_steps: int = 10
+    compile: bool = False
+    threads: int | None = None  # torch.set_num_threads; null = leave as is
+    progress_bar: bool = True
+    deterministic: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "csv"  # csv | tensorboard | wandb | none
+    project: str = "blocklab"
+    mode: str = "offline"  # wandb: offline unless asked
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    probes: dict[str, Any] = field(default_factory=dict)
+    experiment_name: str = "default"
+    seed: int = 0
+    out_root: str = "outputs"
+    run_dir: str | None = None  # set to continue in an existing directory (resume does it)
+    resume: str | None = None  # run directory or checkpoint to continue exactly
+    allow_data_change: bool = False  # resume: accept a different data/tokenizer fingerprint
+
+
 @dataclass
 class EstimateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -194,6 +303,7 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="estimate_schema", node=EstimateConfig)
+    cs.store(name="train_schema", node=TrainConfig)
     cs.store(group="model", name="schema", node=ModelConfig)
 
 
@@ -253,9 +363,10 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
             raise _fail(f"{key}.position.base", p.base, "must be > 1")
         if p.factor < 1:
             raise _fail(f"{key}.position.factor", p.factor, "must be >= 1")
-    if p.name is PositionName.t5_bias and (p.num_buckets < 2 or p.max_distance < p.num_buckets // 2):
+    if p.name is PositionName.t5_bias and (p.num_buckets < 4 or p.max_distance <= p.num_buckets // 2):
         raise _fail(f"{key}.position.num_buckets", p.num_buckets,
-                    "needs num_buckets >= 2 and max_distance >= num_buckets/2")
+                    f"t5_bias needs num_buckets >= 4 and max_distance > num_buckets/2 "
+                    f"(max_distance={p.max_distance})")
     if m.norm.eps <= 0:
         raise _fail(f"{key}.norm.eps", m.norm.eps, "must be > 0")
     if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:

@@ -88,14 +88,18 @@ def kv_cache_bytes(m: ModelConfig, batch: int, seq_len: int, bytes_per_value: in
 def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
              bytes_per_value: int = 2) -> Estimate:
     """FLOPs: 2·N_matmul per token forward plus attention scores and values, 4·L·T·d_attn
-    (full-context convention of "PaLM", arXiv 2204.02311); training = 3× forward.
+    per attention layer (full-context convention of "PaLM", arXiv 2204.02311; encoder–decoder
+    cross-attention counted with source length = target length); training = 3× forward.
     Activations: ≈ s·b·d·(34 + 5·H·s/d) bytes per layer at 2-byte values, without recomputation
     and with materialized scores ("Reducing Activation Recomputation", arXiv 2205.05198)."""
     t = seq_len or m.max_seq_len
-    layers = m.n_layers + (m.encoder_layers if m.family.name is FamilyName.encoder_decoder else 0)
+    # Attention layers: encoder self + decoder self + decoder cross (source length = target).
+    enc_dec = m.family.name is FamilyName.encoder_decoder
+    layers = m.n_layers + (m.encoder_layers if enc_dec else 0)
+    attn_layers = layers + (m.n_layers if enc_dec else 0)
     d_attn = m.n_heads * m.head_dim
     n_mm = matmul_params(m)
-    forward = 2 * n_mm + 4 * layers * t * d_attn
+    forward = 2 * n_mm + 4 * attn_layers * t * d_attn
     per_layer = t * batch * m.d_model * (34 + 5 * m.n_heads * t / m.d_model) * bytes_per_value / 2
     return Estimate(
         params=count_params(m), matmul_params=n_mm, train_flops_per_token=3.0 * forward,

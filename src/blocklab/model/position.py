@@ -202,7 +202,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def positions_from_valid(valid: Tensor) -> Tensor:
     """(B, T) positions for a padded batch: 0 at each row's first real token, counting real
     tokens only (left and right padding alike); padding slots get 0."""
-    return (valid.long().cumsum(-1) - 1).clamp(min=0)
+    return torch.where(valid.bool(), valid.long().cumsum(-1) - 1, 0)
 
 
 def positions_from_segments(segments: Tensor) -> Tensor:
