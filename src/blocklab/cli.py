@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 
 import hydra
 from omegaconf import DictConfig
@@ -11,16 +12,87 @@ from omegaconf import DictConfig
 from blocklab.config import ConfigError, config_dir, register_configs
 
 CONFIG_DIR = config_dir()
+warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning 2.6 + torch 2.13 noise
 
 register_configs()
 
 
+_STARTED = False
+
+
+def _console(main) -> None:
+    """Console-script wrapper: Hydra exits 1 on a composition error (unknown group option,
+    typo'd key, wrong type); report those with the config-error exit code like ours."""
+    try:
+        main()
+    except SystemExit as e:
+        if e.code == 1 and not _STARTED:
+            sys.exit(ConfigError.exit_code)
+        raise
+
+
+def train_cli() -> None:
+    _console(train)
+
+
+def eval_cli() -> None:
+    _console(evaluate)
+
+
+def estimate_cli() -> None:
+    _console(estimate)
+
+
 def _run(fn, cfg: DictConfig) -> None:
+    """Errors users can cause end in one line and a per-class exit code, no traceback."""
+    global _STARTED
+    _STARTED = True
+    from omegaconf.errors import OmegaConfBaseException
+
+    from blocklab.checkpoint import CheckpointError, StorageError
+
     try:
         fn(cfg)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        print(f"config error: {key}: {str(e).splitlines()[0]}", file=sys.stderr)
+        sys.exit(ConfigError.exit_code)
+    except (ConfigError, CheckpointError, StorageError) as e:
+        print(str(e.args[-1] if isinstance(e, OSError) else e), file=sys.stderr)
         sys.exit(e.exit_code)
+    except FloatingPointError as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 5))
+
+
+def _train(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    from blocklab.train.run import train as run_train
+
+    overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    run_train(cfg, overrides)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+def train(cfg: DictConfig) -> None:
+    """Train a model: ``blocklab-train model/position=alibi model.n_layers=6``;
+    continue one exactly with ``resume=<run dir or checkpoint>``."""
+    _run(_train, cfg)
+
+
+def _eval(cfg: DictConfig) -> None:
+    from blocklab.eval.evaluate import validation_loss
+
+    r = validation_loss(cfg.ckpt, batches=cfg.val_batches, batch_size=cfg.batch_size)
+    print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
+          f"over {r['val_targets']} targets")
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
+def evaluate(cfg: DictConfig) -> None:
+    """Evaluate a checkpoint on its own: ``blocklab-eval ckpt=<run dir or checkpoint>``."""
+    _run(_eval, cfg)
 
 
 def _estimate(cfg: DictConfig) -> None:

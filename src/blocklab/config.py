@@ -178,6 +178,18 @@ class TokenizerConfig:
 
 
 @dataclass
+class TaskWeights:
+    """Mixture weight of each synthetic task (data/synthetic.py ``TASKS``); 0 = not used."""
+
+    needle: float = 1.0
+    kv_records: float = 0.0
+    kv_records_query_aware: float = 0.0
+    mqar: float = 0.0
+    copy: float = 0.0
+    markov_lm: float = 0.0
+
+
+@dataclass
 class DataConfig:
     name: DataName = DataName.synthetic
     seed: int = 1234
@@ -192,7 +204,7 @@ class DataConfig:
     n_filler: int = 64
     n_keys: int = 64
     n_values: int = 64
-    tasks: dict[str, float] = field(default_factory=lambda: {"needle": 1.0})
+    tasks: TaskWeights = field(default_factory=TaskWeights)  # mixture weights by task
     n_distractors: list[int] = field(default_factory=lambda: [1, 3])  # inclusive range
     fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
     # text
@@ -268,6 +280,13 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    ckpt: str = "???"  # a run directory (newest valid checkpoint) or a checkpoint directory
+    val_batches: int | None = None  # null = the run's data.val_batches
+    batch_size: int | None = None  # null = the run's data.batch_size
+
+
+@dataclass
 class EstimateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     batch_size: int = 1
@@ -304,6 +323,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="estimate_schema", node=EstimateConfig)
     cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="eval_schema", node=EvalConfig)
     cs.store(group="model", name="schema", node=ModelConfig)
 
 

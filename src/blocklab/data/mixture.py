@@ -1,0 +1,89 @@
+"""The synthetic training mixture: example ``i`` of a run is a pure function of (seed, i) and
+the step it is drawn for (length curriculum), so an exact resume only needs the number of
+examples consumed."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+
+from blocklab.config import ConfigError, DataConfig
+from blocklab.data.synthetic import TASKS, Example, Vocab, example_rng
+
+
+def vocab_of(cfg: DataConfig) -> Vocab:
+    return Vocab(n_filler=cfg.n_filler, n_keys=cfg.n_keys, n_values=cfg.n_values)
+
+
+def task_weights(cfg: DataConfig) -> dict[str, float]:
+    """Non-zero mixture weights by task name."""
+    weights = cfg.tasks if isinstance(cfg.tasks, dict) else dataclasses.asdict(cfg.tasks)
+    return {k: float(v) for k, v in weights.items() if v}
+
+
+def check_mixture(cfg: DataConfig, key: str = "data") -> None:
+    weights = cfg.tasks if isinstance(cfg.tasks, dict) else dataclasses.asdict(cfg.tasks)
+    unknown = sorted(set(weights) - set(TASKS))
+    if unknown:
+        raise ConfigError(f"config error: {key}.tasks.{unknown[0]}: unknown task; known: "
+                          f"{', '.join(sorted(TASKS))}")
+    if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise ConfigError(f"config error: {key}.tasks={weights!r}: weights must be >= 0 "
+                          "with a positive sum")
+    lo, hi = cfg.n_distractors
+    if not 0 <= lo <= hi:
+        raise ConfigError(f"config error: {key}.n_distractors={list(cfg.n_distractors)!r}: "
+                          "need 0 <= min <= max")
+    if not 8 <= cfg.min_len <= cfg.seq_len:
+        raise ConfigError(f"config error: {key}.min_len={cfg.min_len}: need 8 <= min_len <= "
+                          f"seq_len={cfg.seq_len}")
+    needed = 3 * (hi + 1) + 4
+    if task_weights(cfg).get("needle") and cfg.min_len < needed:
+        raise ConfigError(f"config error: {key}.min_len={cfg.min_len}: needle with {hi} "
+                          f"distractors needs sequences of at least {needed} tokens")
+    if min(cfg.n_keys, cfg.n_values) < hi + 1:
+        raise ConfigError(f"config error: {key}.n_keys={cfg.n_keys}: need at least "
+                          f"n_distractors max + 1 = {hi + 1} distinct keys and values")
+
+
+class Mixture:
+    """``mixture(index, step)`` -> Example; tasks drawn by weight, lengths uniform in
+    ``[min_len, max_len(step)]`` where max_len ramps to ``seq_len`` over ``curriculum_steps``."""
+
+    def __init__(self, cfg: DataConfig, *, salt: str = "train") -> None:
+        check_mixture(cfg)
+        self.cfg, self.salt, self.vocab = cfg, salt, vocab_of(cfg)
+        weights = task_weights(cfg)
+        self.names = sorted(weights)
+        self.weights = [weights[n] for n in self.names]
+
+    def max_len(self, step: int) -> int:
+        c = self.cfg
+        if c.curriculum_steps <= 0 or step >= c.curriculum_steps:
+            return c.seq_len
+        return c.min_len + (c.seq_len - c.min_len) * step // c.curriculum_steps
+
+    def __call__(self, index: int, step: int | None = None) -> Example:
+        c = self.cfg
+        rng = example_rng(c.seed, index, self.salt)
+        name = rng.choices(self.names, self.weights)[0]
+        length = rng.randint(min(c.min_len, self.max_len(step or 0)),
+                             c.seq_len if step is None else self.max_len(step))
+        kw: dict = {"seed": c.seed}
+        if name == "needle":
+            kw |= {"n_distractors": rng.randint(*c.n_distractors), "filler": rng.choice(c.fillers)}
+        return TASKS[name](rng, self.vocab, length, **kw)
+
+    def fingerprint(self) -> str:
+        """Identifies the data stream: same fingerprint, same examples."""
+        spec = {"salt": self.salt, "vocab": self.vocab.to_dict(),
+                **{k: getattr(self.cfg, k) for k in ("seed", "seq_len", "min_len", "curriculum_steps")},
+                "tasks": task_weights(self.cfg), "n_distractors": list(self.cfg.n_distractors),
+                "fillers": list(self.cfg.fillers)}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def shuffle_rng(seed: int, epoch: int) -> random.Random:
+    return random.Random(f"shuffle:{seed}:{epoch}")

@@ -1,0 +1,1 @@
+"""Evaluation of checkpoints: validation loss now; probes (NIAH, lost-in-the-middle) next."""

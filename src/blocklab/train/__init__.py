@@ -1,0 +1,1 @@
+"""Training: objectives, optimizer groups and schedules, the LightningModule, the run driver."""

@@ -1,0 +1,163 @@
+"""The LightningModule: one objective, AdamW groups, a schedule, and checkpoint metadata.
+
+Exact resume rests on three things saved here: the number of batches consumed (the data
+module restarts from it), the RNG state (restored at the first training batch, after
+everything that might have drawn from it during start-up) and Lightning's own optimizer,
+scheduler and loop state.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from blocklab.config import ConfigError, TrainConfig
+from blocklab.model import build_model
+from blocklab.registry import lookup
+from blocklab.train.objectives import OBJECTIVES
+from blocklab.train.optim import SCHEDULES, build_optimizer
+
+
+class NonFiniteError(FloatingPointError):
+    """Loss or gradient went NaN/inf (exit code 5)."""
+
+    exit_code = 5
+
+
+class LitModel(L.LightningModule):
+    def __init__(self, cfg: TrainConfig, *, meta: dict[str, Any] | None = None,
+                 flops_per_token: float = 0.0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model = build_model(cfg.model)
+        family = cfg.model.family.name.value
+        kind = lookup(OBJECTIVES, family, "model.family.name")
+        self.objective = kind(**self._objective_kwargs(family))
+        self.meta = meta or {}  # run metadata saved with every checkpoint
+        self.flops_per_token = flops_per_token
+        self.batches_seen = 0
+        self.tokens_seen = 0
+        self._pending_rng: dict[str, Any] | None = None
+        self._t_last: float | None = None
+        self._tokens_since = 0
+
+    def _objective_kwargs(self, family: str) -> dict[str, Any]:
+        d = self.cfg.data
+        if family == "decoder":
+            return {"pack_to": d.seq_len if d.packing else None}
+        if family == "encoder":
+            return {"mlm_probability": d.mlm_probability, "seed": d.seed}
+        return {}
+
+    # ------------------------------------------------------------------------------ steps
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        if self._pending_rng is not None:  # first batch after a resume
+            set_rng_state(self._pending_rng)
+            self._pending_rng = None
+        out = self.objective.loss(self.model, batch)
+        if not torch.isfinite(out.loss):
+            raise NonFiniteError(
+                f"numerical error: loss is {out.loss.item()} at step {self.global_step}; "
+                "no optimizer step taken; the last checkpoint is intact")
+        self.batches_seen += 1
+        tokens = int(out.count)
+        self.tokens_seen += tokens * self.trainer.world_size
+        self._tokens_since += tokens
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=1)
+        return out.loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        norms = [p.grad.norm() for p in self.parameters() if p.grad is not None]
+        if norms and not torch.isfinite(torch.stack(norms)).all():
+            raise NonFiniteError(
+                f"numerical error: non-finite gradient at step {self.global_step}; no optimizer "
+                "step taken; the last checkpoint is intact")
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        every = self.cfg.trainer.log_every_steps
+        if every and (self.global_step % every == 0) and self._t_last is not None:
+            dt = time.perf_counter() - self._t_last
+            if dt > 0:
+                rate = self._tokens_since / dt * self.trainer.world_size
+                self.log("train/target_tokens_per_s", rate, batch_size=1)
+                seq = batch.get("input_ids", batch.get("target_ids"))
+                all_tokens = seq.numel() * self.trainer.world_size * every / dt
+                self.log("train/tokens_per_s", all_tokens, batch_size=1)
+                if self.flops_per_token:
+                    self.log("train/flops_per_s", all_tokens * self.flops_per_token, batch_size=1)
+            self._tokens_since = 0
+            self._t_last = time.perf_counter()
+        elif self._t_last is None:
+            self._t_last = time.perf_counter()
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
+        self.log("train/tokens_seen", float(self.tokens_seen), batch_size=1)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        out = self.objective.loss(self.model, batch)
+        self.log("val/loss", out.total / out.count.clamp(min=1), prog_bar=True,
+                 batch_size=int(out.count), sync_dist=True)
+
+    # -------------------------------------------------------------------------- optimizer
+    def configure_optimizers(self) -> dict[str, Any]:
+        opt = build_optimizer(self.model, self.cfg.optim)
+        fn = lookup(SCHEDULES, self.cfg.schedule.name, "schedule.name")
+        lam = functools.partial(fn, cfg=self.cfg.schedule, max_steps=self.cfg.trainer.max_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ------------------------------------------------------------------------- checkpoint
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["blocklab"] = {
+            **self.meta,
+            "step": self.global_step,
+            "batches_seen": self.batches_seen,
+            "tokens_seen": self.tokens_seen,
+            "rng": get_rng_state(),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        meta = checkpoint.get("blocklab", {})
+        self.batches_seen = int(meta.get("batches_seen", 0))
+        self.tokens_seen = int(meta.get("tokens_seen", 0))
+        self._pending_rng = meta.get("rng")
+
+
+def get_rng_state() -> dict[str, Any]:
+    """Global RNG state as weights_only-safe values (tensors, ints, lists)."""
+    py = random.getstate()
+    return {"torch": torch.get_rng_state(), "python": [py[0], list(py[1]), py[2]],
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_finite_config(cfg: TrainConfig) -> None:
+    """Rates and sizes of the training config (model rules live in config.validate_model)."""
+    o, t, d = cfg.optim, cfg.trainer, cfg.data
+    rules = [
+        ("optim.lr", o.lr, o.lr > 0 and math.isfinite(o.lr), "must be > 0"),
+        ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0"),
+        ("optim.grad_clip", o.grad_clip, o.grad_clip >= 0, "must be >= 0 (0 = off)"),
+        ("trainer.max_steps", t.max_steps, t.max_steps >= 1, "must be >= 1"),
+        ("trainer.accumulate", t.accumulate, t.accumulate >= 1, "must be >= 1"),
+        ("data.batch_size", d.batch_size, d.batch_size >= 1, "must be >= 1"),
+        ("data.seq_len", d.seq_len, d.seq_len >= 8, "must be >= 8"),
+        ("schedule.warmup_steps", cfg.schedule.warmup_steps, cfg.schedule.warmup_steps >= 0,
+         "must be >= 0"),
+    ]
+    for key, value, ok, rule in rules:
+        if not ok:
+            raise ConfigError(f"config error: {key}={value!r}: {rule}")

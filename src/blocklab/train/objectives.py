@@ -1,0 +1,149 @@
+"""Training objectives, chosen from the model family in one place (``OBJECTIVES``).
+
+Each objective turns a list of :class:`~blocklab.data.synthetic.Example` (token sequences with a
+per-token ``targets`` flag) into a batch, and a batch into a loss. The next-token shift happens
+exactly once, in :meth:`CausalLM.collate`; labels are ``IGNORE`` for padding, for positions whose
+next token is in another packed document, and for non-answer positions of retrieval tasks.
+Losses are per-token means over valid targets that are 0 (not NaN) when there are none.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from blocklab.data.synthetic import BOS, MASK, PAD, Example
+
+IGNORE = -100
+
+
+@dataclass
+class LossOut:
+    loss: Tensor  # mean over valid targets (0 when none)
+    total: Tensor  # summed token loss
+    count: Tensor  # number of valid targets
+
+
+def token_loss(logits: Tensor, labels: Tensor) -> LossOut:
+    """Cross-entropy summed over non-ignored labels, divided by max(count, 1)."""
+    total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE,
+                            reduction="sum")
+    count = (labels != IGNORE).sum()
+    return LossOut(total / count.clamp(min=1), total, count)
+
+
+def _pad(rows: list[list[int]], value: int, width: int | None = None) -> Tensor:
+    width = width or max(len(r) for r in rows)
+    out = torch.full((len(rows), width), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def _pack(examples: list[Example], row_len: int) -> list[tuple[list[int], list[bool], list[int]]]:
+    """Greedy first-fit packing in order: (tokens, targets, segment ids) rows of <= row_len."""
+    rows: list[tuple[list[int], list[bool], list[int]]] = []
+    for ex in examples:
+        if not rows or len(rows[-1][0]) + len(ex.tokens) > row_len:
+            rows.append(([], [], []))
+        tokens, targets, segments = rows[-1]
+        seg = (segments[-1] + 1) if segments else 1
+        tokens += ex.tokens
+        targets += ex.targets
+        segments += [seg] * len(ex.tokens)
+    return rows
+
+
+class CausalLM:
+    """Decoder: predict token ``t+1`` from tokens ``<= t``."""
+
+    def __init__(self, *, pack_to: int | None = None) -> None:
+        self.pack_to = pack_to
+
+    def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        if self.pack_to:
+            rows = _pack(examples, self.pack_to + 1)
+            tokens = _pad([r[0] for r in rows], PAD, self.pack_to + 1)
+            targets = _pad([[int(t) for t in r[1]] for r in rows], 0, self.pack_to + 1).bool()
+            segments = _pad([r[2] for r in rows], 0, self.pack_to + 1)
+        else:
+            tokens = _pad([e.tokens for e in examples], PAD)
+            targets = _pad([[int(t) for t in e.targets] for e in examples], 0).bool()
+            segments = None
+        # The shift, once: input t predicts token t+1, supervised where token t+1 is a target
+        # and (packed rows) belongs to the same document as input t.
+        inputs, labels = tokens[:, :-1], tokens[:, 1:].clone()
+        keep = targets[:, 1:]
+        if segments is not None:
+            keep &= segments[:, 1:] == segments[:, :-1]
+        labels[~keep] = IGNORE
+        batch = {"input_ids": inputs, "labels": labels}
+        if segments is not None:
+            batch["segments"] = segments[:, :-1]
+        return batch
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
+        # Right padding needs no key mask in a causal model: pads sit after every real token,
+        # so no real query can see them; their labels are IGNORE.
+        logits = model(batch["input_ids"], segments=batch.get("segments"))
+        return token_loss(logits, batch["labels"])
+
+
+class MaskedLM:
+    """Encoder: answer tokens (or, for tasks supervised everywhere, a random ``p`` of tokens)
+    are replaced by ``MASK`` and predicted at their own position ("BERT", arXiv 1810.04805)."""
+
+    def __init__(self, *, mlm_probability: float = 0.15, seed: int = 0) -> None:
+        self.p, self.seed = mlm_probability, seed
+
+    def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        inputs, labels = [], []
+        for ex in examples:
+            rng = random.Random(f"mlm:{self.seed}:{ex.tokens}")
+            dense = sum(ex.targets) > len(ex.tokens) // 2  # LM-style task: mask a fraction
+            chosen = [t and (not dense or rng.random() < self.p) for t in ex.targets]
+            if dense and not any(chosen):
+                chosen[ex.targets.index(True)] = True
+            inputs.append([MASK if c else tok for tok, c in zip(ex.tokens, chosen)])
+            labels.append([tok if c else IGNORE for tok, c in zip(ex.tokens, chosen)])
+        ids = _pad(inputs, PAD)
+        return {"input_ids": ids, "labels": _pad(labels, IGNORE, ids.shape[1]),
+                "valid": _pad([[1] * len(r) for r in inputs], 0, ids.shape[1]).bool()}
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
+        logits = model(batch["input_ids"], valid=batch["valid"])
+        return token_loss(logits, batch["labels"])
+
+
+class Seq2Seq:
+    """Encoder–decoder with teacher forcing: the source is everything before the first answer
+    token, the target is ``BOS + answers``; the decoder input is the target shifted right."""
+
+    def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        sources, targets = [], []
+        for ex in examples:
+            start = ex.answer_start
+            sources.append(ex.tokens[:start])
+            targets.append([BOS] + [t for t, is_t in zip(ex.tokens[start:], ex.targets[start:]) if is_t])
+        src = _pad(sources, PAD)
+        tgt = _pad(targets, PAD)
+        labels = tgt[:, 1:].clone()
+        labels[labels == PAD] = IGNORE  # PAD is never a real answer token
+        return {"source_ids": src,
+                "source_valid": _pad([[1] * len(s) for s in sources], 0, src.shape[1]).bool(),
+                "target_ids": tgt[:, :-1], "labels": labels}
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
+        logits = model(batch["source_ids"], batch["target_ids"], source_valid=batch["source_valid"])
+        return token_loss(logits, batch["labels"])
+
+
+OBJECTIVES = {
+    "decoder": CausalLM,
+    "encoder": MaskedLM,
+    "encoder_decoder": Seq2Seq,
+}

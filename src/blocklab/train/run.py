@@ -1,0 +1,276 @@
+"""One training run, from a composed config to a versioned run directory.
+
+Order matters: validate the whole config, check the output directory, resolve and check a
+resume target — all before any data or model work — then build, fit, and print where
+everything is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from blocklab import checkpoint as ckpt
+from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_model
+
+# Keys whose change on resume is expected; anything else outside `model` proceeds with a
+# warning that exactness is lost, and any `model` difference is refused.
+RESUME_ALLOWED = ("trainer.max_steps", "trainer.log_every_steps", "trainer.val_every_steps",
+                  "trainer.ckpt_every_steps", "trainer.keep_checkpoints", "trainer.progress_bar",
+                  "logger.", "probes.", "resume", "run_dir", "allow_data_change", "out_root")
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"config error: {getattr(e, 'full_key', '?')}: "
+                          f"{str(e).splitlines()[0]}") from None
+
+
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain data (enums as strings, no OmegaConf objects)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    a, b = flatten(old), flatten(new)
+    return [(k, a.get(k, "<absent>"), b.get(k, "<absent>"))
+            for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def arch_hash(model: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def git_info() -> dict[str, Any]:
+    root = Path(__file__).resolve().parents[3]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD") or None,
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("blocklab", "torch", "lightning", "hydra-core", "omegaconf", "tokenizers",
+                "datasets"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def new_run_dir(cfg: TrainConfig) -> Path:
+    stamp = dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    return Path(cfg.out_root) / cfg.experiment_name / f"{stamp}-{secrets.token_hex(3)}"
+
+
+def prepare_run_dir(path: Path, *, resuming: bool) -> None:
+    """Create the run directory (or check it on resume) before building anything."""
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"I/O error: run directory {path}: {parent} is a file, not a "
+                              "directory; choose another out_root")
+    if not resuming and ckpt.list_checkpoints(path):
+        raise ConfigError(f"run directory {path} already holds checkpoints: pass "
+                          f"resume={path} to continue it, or use a new directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"I/O error: run directory {path}: not writable ({e.strerror})") from None
+
+
+def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change: bool,
+                 fingerprints: dict[str, str]) -> list[str]:
+    """Refuse architecture changes (every differing key listed); refuse data/tokenizer changes
+    unless allowed; return warnings for the rest."""
+    diff = config_diff(meta["config"], new)
+    arch = [d for d in diff if d[0].startswith("model.")]
+    if arch:
+        lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in arch)
+        raise ckpt.CheckpointError(f"resume refused: the architecture differs from the "
+                                   f"checkpoint's ({len(arch)} keys): {lines}")
+    for name, value in fingerprints.items():
+        if meta.get(name) != value and not allow_data_change:
+            raise ckpt.CheckpointError(
+                f"resume refused: {name} differs (checkpoint {meta.get(name)}, now {value}); "
+                "pass allow_data_change=true to continue on different data")
+    notes = []
+    for k, a, b in diff:
+        if k in ("resume", "run_dir"):
+            continue
+        if k.startswith(RESUME_ALLOWED):
+            notes.append(f"resume: {k} changed {a!r} -> {b!r} (allowed)")
+        else:
+            notes.append(f"resume: {k} changed {a!r} -> {b!r}: the run is no longer exactly the "
+                         "uninterrupted one")
+    return notes
+
+
+def _data(tc: TrainConfig):
+    """Train/val example makers, the tokenizer description and the data fingerprint."""
+    from blocklab.data.mixture import Mixture
+
+    if tc.data.name.value != "synthetic":
+        raise ConfigError(f"config error: data.name={tc.data.name.value!r}: not available yet")
+    train_mix, val_mix = Mixture(tc.data, salt="train"), Mixture(tc.data, salt="val")
+    tokenizer = json.dumps(train_mix.vocab.to_dict(), sort_keys=True)
+    return train_mix, (lambda i, step: val_mix(i, None)), tokenizer, train_mix.fingerprint()
+
+
+def _loggers(tc: TrainConfig, run_dir: Path) -> list:
+    from blocklab.registry import lookup
+    from blocklab.train.loggers import LOGGERS
+
+    return lookup(LOGGERS, tc.logger.name, "logger.name")(tc.logger, run_dir)
+
+
+def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
+    """Run a training job from a composed ``train`` config; return the run directory."""
+    tc = to_train_config(cfg)
+    validate_model(tc.model)
+    from blocklab.train.module import check_finite_config
+
+    check_finite_config(tc)
+    resume_from, old = None, None
+    if tc.resume:
+        resume_from = ckpt.resolve(tc.resume)
+        old = ckpt.metadata(resume_from)
+        run_dir = resume_from.parent.parent
+    else:
+        run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
+    prepare_run_dir(run_dir, resuming=resume_from is not None)
+    train_make, val_make, tokenizer, fingerprint = _data(tc)  # validates the data config
+    vocab = json.loads(tokenizer)["size"]
+    if tc.model.vocab_size < vocab:
+        raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
+                          f"the tokenizer's vocabulary ({vocab})")
+    plain = plain_config(cfg)
+    model_plain = model_to_dict(tc.model)
+    tok_hash = hashlib.sha256(tokenizer.encode()).hexdigest()[:16]
+    if old is not None:
+        for note in check_resume(old, plain, allow_data_change=tc.allow_data_change,
+                                 fingerprints={"data_fingerprint": fingerprint,
+                                               "tokenizer_hash": tok_hash}):
+            print(f"warning: {note}", file=sys.stderr)
+    meta = {
+        "format_version": ckpt.FORMAT_VERSION, "config": plain,
+        "config_yaml": OmegaConf.to_yaml(OmegaConf.create(plain)), "overrides": overrides or [],
+        "arch_hash": arch_hash(model_plain), "tokenizer": tokenizer, "tokenizer_hash": tok_hash,
+        "data_fingerprint": fingerprint, "versions": versions(), "git": git_info(),
+        "run_dir": str(run_dir), "created": dt.datetime.now().isoformat(timespec="seconds"),
+    }
+    ckpt.clean_partial(run_dir)
+    name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
+    (run_dir / name).write_text(meta["config_yaml"])
+    return _fit(tc, run_dir, meta, train_make, val_make, resume_from)
+
+
+def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_make,
+         resume_from: Path | None) -> Path:
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from blocklab.data.datamodule import BlocklabData
+    from blocklab.model.estimate import estimate
+    from blocklab.train.checkpoint_io import BlocklabCheckpointIO
+    from blocklab.train.module import LitModel
+
+    t = tc.trainer
+    if t.threads:
+        torch.set_num_threads(t.threads)
+    L.seed_everything(tc.seed, workers=True, verbose=False)
+    flops = estimate(tc.model, seq_len=tc.data.seq_len).train_flops_per_token
+    lit = LitModel(tc, meta=meta, flops_per_token=flops)
+    if t.compile:
+        lit.model = torch.compile(lit.model)
+    data = BlocklabData(train_make, val_make, lit.objective.collate,
+                        batch_size=tc.data.batch_size, val_batches=tc.data.val_batches,
+                        accumulate=t.accumulate, num_workers=tc.data.num_workers)
+    if resume_from is not None:
+        data.start_batch = int(ckpt.metadata(resume_from)["batches_seen"])
+    saver = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step:06d}",
+                            auto_insert_metric_name=False, every_n_train_steps=t.ckpt_every_steps,
+                            save_top_k=t.keep_checkpoints or -1, monitor="step", mode="max",
+                            save_on_train_epoch_end=False)
+    saver.FILE_EXTENSION = ""
+    trainer = L.Trainer(
+        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+        num_nodes=t.num_nodes, precision=t.precision, max_steps=t.max_steps, max_epochs=-1,
+        accumulate_grad_batches=t.accumulate,
+        gradient_clip_val=tc.optim.grad_clip or None, val_check_interval=t.val_every_steps,
+        check_val_every_n_epoch=None, log_every_n_steps=t.log_every_steps,
+        callbacks=[saver, *_progress(t.progress_bar)], logger=_loggers(tc, run_dir),
+        enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
+        plugins=[BlocklabCheckpointIO()], default_root_dir=run_dir,
+        deterministic=t.deterministic, enable_model_summary=False,
+    )
+    trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
+    final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
+    if not final.exists():
+        trainer.save_checkpoint(final)
+    if trainer.is_global_zero:
+        _summary(run_dir, trainer, lit)
+    return run_dir
+
+
+def _progress(enabled: bool) -> list:
+    if not enabled:
+        return []
+    try:
+        from lightning.pytorch.callbacks import RichProgressBar
+
+        return [RichProgressBar(leave=True)]
+    except (ImportError, ModuleNotFoundError):
+        return []
+
+
+def _summary(run_dir: Path, trainer, lit) -> None:
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    last = ckpt.list_checkpoints(run_dir)
+    info = {"run_dir": str(run_dir), "step": trainer.global_step,
+            "tokens_seen": lit.tokens_seen, "metrics": metrics,
+            "last_checkpoint": str(last[-1]) if last else None}
+    (run_dir / "summary.json").write_text(json.dumps(info, indent=2))
+    print(f"\nrun directory   {run_dir}")
+    print(f"checkpoints     {run_dir / 'checkpoints'} (newest: {last[-1].name if last else '-'})")
+    print(f"config          {run_dir / 'config.yaml'}")
+    print(f"logs            {run_dir / 'logs'}")
+    for k in sorted(metrics):
+        print(f"{k:<15} {metrics[k]:.4g}")
