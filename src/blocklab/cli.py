@@ -50,6 +50,7 @@ def _run(fn, cfg: DictConfig) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from blocklab.checkpoint import CheckpointError, StorageError
+    from blocklab.data.text import DataError
 
     try:
         fn(cfg)
@@ -57,7 +58,7 @@ def _run(fn, cfg: DictConfig) -> None:
         key = getattr(e, "full_key", None) or "?"
         print(f"config error: {key}: {str(e).splitlines()[0]}", file=sys.stderr)
         sys.exit(ConfigError.exit_code)
-    except (ConfigError, CheckpointError, StorageError) as e:
+    except (ConfigError, CheckpointError, StorageError, DataError) as e:
         print(str(e.args[-1] if isinstance(e, OSError) else e), file=sys.stderr)
         sys.exit(e.exit_code)
     except FloatingPointError as e:

@@ -250,6 +250,7 @@ class TrainerConfig:
     log_every_steps: int = 10
     compile: bool = False
     threads: int | None = None  # torch.set_num_threads; null = leave as is
+    peak_flops: float | None = None  # for MFU; null = measured fp32 matmul rate on CPU
     progress_bar: bool = True
     deterministic: bool = False
 

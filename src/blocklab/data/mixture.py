@@ -10,7 +10,14 @@ import json
 import random
 
 from blocklab.config import ConfigError, DataConfig
-from blocklab.data.synthetic import TASKS, Example, Vocab, example_rng
+from blocklab.data.synthetic import (
+    FILLERS,
+    TASKS,
+    Example,
+    Vocab,
+    example_rng,
+    needle_min_length,
+)
 
 
 def vocab_of(cfg: DataConfig) -> Vocab:
@@ -39,18 +46,29 @@ def check_mixture(cfg: DataConfig, key: str = "data") -> None:
     if not 8 <= cfg.min_len <= cfg.seq_len:
         raise ConfigError(f"config error: {key}.min_len={cfg.min_len}: need 8 <= min_len <= "
                           f"seq_len={cfg.seq_len}")
-    needed = 3 * (hi + 1) + 4
-    if task_weights(cfg).get("needle") and cfg.min_len < needed:
+    weights = task_weights(cfg)
+    if weights.get("needle") and (not cfg.fillers or set(cfg.fillers) - set(FILLERS)):
+        raise ConfigError(f"config error: {key}.fillers={list(cfg.fillers)!r}: needs one or more "
+                          f"of {', '.join(FILLERS)}")
+    needed = needle_min_length(hi)
+    if weights.get("needle") and cfg.min_len < needed:
         raise ConfigError(f"config error: {key}.min_len={cfg.min_len}: needle with {hi} "
                           f"distractors needs sequences of at least {needed} tokens")
-    if min(cfg.n_keys, cfg.n_values) < hi + 1:
-        raise ConfigError(f"config error: {key}.n_keys={cfg.n_keys}: need at least "
-                          f"n_distractors max + 1 = {hi + 1} distinct keys and values")
+    # Distinct keys (and values) one sequence of seq_len tokens needs, per task.
+    pairs = {"needle": hi + 1, "kv_records": (cfg.seq_len - 4) // 3,
+             "kv_records_query_aware": (cfg.seq_len - 6) // 3, "mqar": (cfg.seq_len - 1) // 6}
+    for task, n in pairs.items():
+        if weights.get(task) and min(cfg.n_keys, cfg.n_values) < n:
+            name = "n_keys" if cfg.n_keys < n else "n_values"
+            raise ConfigError(f"config error: {key}.{name}={getattr(cfg, name)}: {task} at "
+                              f"seq_len={cfg.seq_len} needs {n} distinct keys and values "
+                              "(raise data.n_keys/n_values or lower data.seq_len)")
 
 
 class Mixture:
-    """``mixture(index, step)`` -> Example; tasks drawn by weight, lengths uniform in
-    ``[min_len, max_len(step)]`` where max_len ramps to ``seq_len`` over ``curriculum_steps``."""
+    """``mixture(index, step)`` -> Example; tasks drawn by weight per example, one length per
+    batch uniform in ``[min_len, max_len(step)]``, where max_len ramps linearly from min_len to
+    ``seq_len`` over ``curriculum_steps`` (a short-to-long curriculum)."""
 
     def __init__(self, cfg: DataConfig, *, salt: str = "train") -> None:
         check_mixture(cfg)
@@ -69,8 +87,10 @@ class Mixture:
         c = self.cfg
         rng = example_rng(c.seed, index, self.salt)
         name = rng.choices(self.names, self.weights)[0]
-        length = rng.randint(min(c.min_len, self.max_len(step or 0)),
-                             c.seq_len if step is None else self.max_len(step))
+        # One length per batch (indices of a batch are consecutive): no padding waste.
+        batch_rng = example_rng(c.seed, index // c.batch_size, self.salt + ":length")
+        hi = c.seq_len if step is None else self.max_len(step)
+        length = batch_rng.randint(min(c.min_len, hi), hi)
         kw: dict = {"seed": c.seed}
         if name == "needle":
             kw |= {"n_distractors": rng.randint(*c.n_distractors), "filler": rng.choice(c.fillers)}
@@ -79,7 +99,8 @@ class Mixture:
     def fingerprint(self) -> str:
         """Identifies the data stream: same fingerprint, same examples."""
         spec = {"salt": self.salt, "vocab": self.vocab.to_dict(),
-                **{k: getattr(self.cfg, k) for k in ("seed", "seq_len", "min_len", "curriculum_steps")},
+                **{k: getattr(self.cfg, k) for k in ("seed", "seq_len", "min_len", "curriculum_steps",
+                                                   "batch_size")},
                 "tasks": task_weights(self.cfg), "n_distractors": list(self.cfg.n_distractors),
                 "fillers": list(self.cfg.fillers)}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

@@ -84,6 +84,9 @@ def example_rng(seed: int, index: int, salt: str = "") -> random.Random:
     return random.Random(f"blocklab:{seed}:{salt}:{index}")
 
 
+FILLERS = ("iid", "phrase", "markov")
+
+
 def _filler(rng: random.Random, vocab: Vocab, n: int, kind: str, seed: int) -> list[int]:
     if kind == "iid":
         return rng.choices(vocab.filler, k=n)
@@ -117,15 +120,21 @@ def markov_chain(seed: int, vocab: Vocab) -> MarkovChain:
     return MarkovChain(seed, vocab)
 
 
+def needle_min_length(n_distractors: int) -> int:
+    """Shortest needle sequence: BOS, 3 tokens per needle, SEP k v, one filler per distractor."""
+    return 3 * (n_distractors + 1) + 4 + n_distractors
+
+
 def needle(rng: random.Random, vocab: Vocab, length: int, *, n_distractors: int = 3,
            depth: float | None = None, filler: str = "iid", seed: int = 0) -> Example:
     """``BOS hay(with MARK k v needles) SEP k_gold → v_gold``. ``depth`` in [0, 1] places the
     gold needle at that fraction of the haystack (else uniform); distractors go to random
     distinct slots. The real token index of the gold needle is recorded in ``meta``."""
     n = n_distractors + 1
-    hay_len = length - 3 * n - 3
-    if hay_len < 0:
-        raise ValueError(f"needle: length {length} too short for {n} needles")
+    hay_len = length - 3 * n - 4  # BOS, needles, SEP k v
+    if hay_len < n_distractors:
+        raise ValueError(f"needle: length {length} too short for {n} needles "
+                         f"(needs >= {needle_min_length(n_distractors)})")
     keys = rng.sample(vocab.keys, n)
     values = rng.sample(vocab.values, n)
     hay = _filler(rng, vocab, hay_len, filler, seed)
@@ -151,7 +160,8 @@ def needle(rng: random.Random, vocab: Vocab, length: int, *, n_distractors: int 
 
 def kv_records(rng: random.Random, vocab: Vocab, length: int, *, gold: int | None = None,
                query_aware: bool = False, seed: int = 0) -> Example:
-    """``BOS [SEP kj] REC k1 v1 … REC km vm SEP kj → vj`` with m filling ``length``."""
+    """``BOS [SEP kj] REC k1 v1 … REC km vm SEP kj → vj`` with as many records m as fit in
+    ``length`` (so up to 2 tokens shorter)."""
     m = (length - 4 - (2 if query_aware else 0)) // 3
     if m < 1:
         raise ValueError(f"kv_records: length {length} too short")

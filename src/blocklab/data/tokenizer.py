@@ -17,4 +17,6 @@ def tokenizer_from_json(text: str) -> Any:
         return Vocab(n_filler=spec["n_filler"], n_keys=spec["n_keys"], n_values=spec["n_values"])
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_str(text)
+    tok = Tokenizer.from_str(text)
+    tok.encode_special_tokens = True  # not serialized; see data/text.py build_tokenizer
+    return tok

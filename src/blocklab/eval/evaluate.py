@@ -29,7 +29,7 @@ def validation_loss(path: str | Path, *, batches: int | None = None,
     path = ckpt.resolve(path)
     model, _, meta = ckpt.load_model(path)
     tc = stored_train_config(meta)
-    _, val_make, _, _ = _data(tc)
+    _, val_make, _, _, _ = _data(tc)
     family = tc.model.family.name.value
     kw = {"pack_to": tc.data.seq_len if tc.data.packing else None} if family == "decoder" else {}
     objective = OBJECTIVES[family](**kw)

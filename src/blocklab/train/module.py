@@ -33,7 +33,7 @@ class NonFiniteError(FloatingPointError):
 
 class LitModel(L.LightningModule):
     def __init__(self, cfg: TrainConfig, *, meta: dict[str, Any] | None = None,
-                 flops_per_token: float = 0.0) -> None:
+                 flops_per_token: float = 0.0, peak_flops: float = 0.0) -> None:
         super().__init__()
         self.cfg = cfg
         self.model = build_model(cfg.model)
@@ -41,7 +41,7 @@ class LitModel(L.LightningModule):
         kind = lookup(OBJECTIVES, family, "model.family.name")
         self.objective = kind(**self._objective_kwargs(family))
         self.meta = meta or {}  # run metadata saved with every checkpoint
-        self.flops_per_token = flops_per_token
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.batches_seen = 0
         self.tokens_seen = 0
         self._pending_rng: dict[str, Any] | None = None
@@ -91,7 +91,10 @@ class LitModel(L.LightningModule):
                 all_tokens = seq.numel() * self.trainer.world_size * every / dt
                 self.log("train/tokens_per_s", all_tokens, batch_size=1)
                 if self.flops_per_token:
-                    self.log("train/flops_per_s", all_tokens * self.flops_per_token, batch_size=1)
+                    achieved = all_tokens * self.flops_per_token
+                    self.log("train/flops_per_s", achieved, batch_size=1)
+                    if self.peak_flops:
+                        self.log("train/mfu", achieved / self.peak_flops, batch_size=1)
             self._tokens_since = 0
             self._t_last = time.perf_counter()
         elif self._t_last is None:

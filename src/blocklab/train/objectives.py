@@ -58,7 +58,20 @@ def _pack(examples: list[Example], row_len: int) -> list[tuple[list[int], list[b
     return rows
 
 
-class CausalLM:
+class Objective:
+    """``collate`` examples into a batch; ``logits`` aligned with ``batch["labels"]``."""
+
+    def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
+        return token_loss(self.logits(model, batch), batch["labels"])
+
+
+class CausalLM(Objective):
     """Decoder: predict token ``t+1`` from tokens ``<= t``."""
 
     def __init__(self, *, pack_to: int | None = None) -> None:
@@ -86,14 +99,13 @@ class CausalLM:
             batch["segments"] = segments[:, :-1]
         return batch
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
-        # Right padding needs no key mask in a causal model: pads sit after every real token,
-        # so no real query can see them; their labels are IGNORE.
-        logits = model(batch["input_ids"], segments=batch.get("segments"))
-        return token_loss(logits, batch["labels"])
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        """(B, T, V), aligned with ``batch["labels"]``. Right padding needs no key mask in a
+        causal model: pads sit after every real token, so no real query sees them."""
+        return model(batch["input_ids"], segments=batch.get("segments"))
 
 
-class MaskedLM:
+class MaskedLM(Objective):
     """Encoder: answer tokens (or, for tasks supervised everywhere, a random ``p`` of tokens)
     are replaced by ``MASK`` and predicted at their own position ("BERT", arXiv 1810.04805)."""
 
@@ -114,12 +126,11 @@ class MaskedLM:
         return {"input_ids": ids, "labels": _pad(labels, IGNORE, ids.shape[1]),
                 "valid": _pad([[1] * len(r) for r in inputs], 0, ids.shape[1]).bool()}
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
-        logits = model(batch["input_ids"], valid=batch["valid"])
-        return token_loss(logits, batch["labels"])
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        return model(batch["input_ids"], valid=batch["valid"])
 
 
-class Seq2Seq:
+class Seq2Seq(Objective):
     """Encoder–decoder with teacher forcing: the source is everything before the first answer
     token, the target is ``BOS + answers``; the decoder input is the target shifted right."""
 
@@ -137,9 +148,8 @@ class Seq2Seq:
                 "source_valid": _pad([[1] * len(s) for s in sources], 0, src.shape[1]).bool(),
                 "target_ids": tgt[:, :-1], "labels": labels}
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
-        logits = model(batch["source_ids"], batch["target_ids"], source_valid=batch["source_valid"])
-        return token_loss(logits, batch["labels"])
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        return model(batch["source_ids"], batch["target_ids"], source_valid=batch["source_valid"])
 
 
 OBJECTIVES = {

@@ -143,14 +143,26 @@ def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change
 
 
 def _data(tc: TrainConfig):
-    """Train/val example makers, the tokenizer description and the data fingerprint."""
+    """(train maker, val maker, tokenizer JSON, vocabulary size, data fingerprint)."""
+    if tc.data.name.value == "text":
+        from blocklab.data.text import text_data
+
+        train_make, val_make, tokenizer, fingerprint, stats = text_data(tc.data, tc.tokenizer)
+        print(f"data: {stats.documents} documents ({stats.empty_dropped} empty dropped, "
+              f"{stats.split_documents} split, {stats.truncated_documents} truncated), "
+              f"{stats.tokens:,} tokens in {stats.pieces} pieces", file=sys.stderr)
+        from tokenizers import Tokenizer
+
+        return train_make, val_make, tokenizer, Tokenizer.from_str(tokenizer).get_vocab_size(), fingerprint
     from blocklab.data.mixture import Mixture
 
-    if tc.data.name.value != "synthetic":
-        raise ConfigError(f"config error: data.name={tc.data.name.value!r}: not available yet")
+    if tc.tokenizer.name.value != "synthetic":
+        raise ConfigError(f"config error: tokenizer.name={tc.tokenizer.name.value!r}: synthetic "
+                          "data uses tokenizer=synthetic")
     train_mix, val_mix = Mixture(tc.data, salt="train"), Mixture(tc.data, salt="val")
     tokenizer = json.dumps(train_mix.vocab.to_dict(), sort_keys=True)
-    return train_mix, (lambda i, step: val_mix(i, None)), tokenizer, train_mix.fingerprint()
+    return (train_mix, (lambda i, step: val_mix(i, None)), tokenizer, train_mix.vocab.size,
+            train_mix.fingerprint())
 
 
 def _loggers(tc: TrainConfig, run_dir: Path) -> list:
@@ -175,8 +187,7 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     else:
         run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
     prepare_run_dir(run_dir, resuming=resume_from is not None)
-    train_make, val_make, tokenizer, fingerprint = _data(tc)  # validates the data config
-    vocab = json.loads(tokenizer)["size"]
+    train_make, val_make, tokenizer, vocab, fingerprint = _data(tc)  # validates data config
     if tc.model.vocab_size < vocab:
         raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
                           f"the tokenizer's vocabulary ({vocab})")
@@ -217,9 +228,10 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
         torch.set_num_threads(t.threads)
     L.seed_everything(tc.seed, workers=True, verbose=False)
     flops = estimate(tc.model, seq_len=tc.data.seq_len).train_flops_per_token
-    lit = LitModel(tc, meta=meta, flops_per_token=flops)
+    lit = LitModel(tc, meta=meta, flops_per_token=flops,
+                   peak_flops=t.peak_flops or (measure_peak_flops() if t.accelerator == "cpu" else 0))
     if t.compile:
-        lit.model = torch.compile(lit.model)
+        lit.model.compile()  # in place: state_dict keys stay those of the eager model
     data = BlocklabData(train_make, val_make, lit.objective.collate,
                         batch_size=tc.data.batch_size, val_batches=tc.data.val_batches,
                         accumulate=t.accumulate, num_workers=tc.data.num_workers)
@@ -246,8 +258,36 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
     if not final.exists():
         trainer.save_checkpoint(final)
     if trainer.is_global_zero:
-        _summary(run_dir, trainer, lit)
+        _summary(run_dir, trainer, lit, _retrieval(tc, lit))
     return run_dir
+
+
+def _retrieval(tc: TrainConfig, lit) -> list[dict[str, Any]]:
+    """Held-out needle accuracy with 1-3 distractors at the training length (synthetic data)."""
+    if tc.data.name.value != "synthetic" or not tc.data.tasks.needle:
+        return []
+    from blocklab.data.mixture import vocab_of
+    from blocklab.eval.needle import needle_accuracy
+
+    return [needle_accuracy(lit.model, lit.objective, vocab_of(tc.data), length=tc.data.seq_len,
+                            n_distractors=nd, n=256) for nd in (1, 2, 3)]
+
+
+def measure_peak_flops(n: int = 1024, reps: int = 3) -> float:
+    """The fp32 matmul rate of this CPU right now (best of a few n×n products): the
+    denominator of the logged MFU on CPU, where no datasheet number applies."""
+    import time
+
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
 
 
 def _progress(enabled: bool) -> list:
@@ -261,11 +301,11 @@ def _progress(enabled: bool) -> list:
         return []
 
 
-def _summary(run_dir: Path, trainer, lit) -> None:
+def _summary(run_dir: Path, trainer, lit, retrieval: list[dict[str, Any]]) -> None:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     last = ckpt.list_checkpoints(run_dir)
     info = {"run_dir": str(run_dir), "step": trainer.global_step,
-            "tokens_seen": lit.tokens_seen, "metrics": metrics,
+            "tokens_seen": lit.tokens_seen, "metrics": metrics, "needle": retrieval,
             "last_checkpoint": str(last[-1]) if last else None}
     (run_dir / "summary.json").write_text(json.dumps(info, indent=2))
     print(f"\nrun directory   {run_dir}")
@@ -274,3 +314,9 @@ def _summary(run_dir: Path, trainer, lit) -> None:
     print(f"logs            {run_dir / 'logs'}")
     for k in sorted(metrics):
         print(f"{k:<15} {metrics[k]:.4g}")
+    if retrieval:
+        print("\nheld-out needle retrieval at the training length (argmax at the answer):")
+        print("distractors  accuracy  any-value  copy-any-value  chance  n")
+        for r in retrieval:
+            print(f"{r['n_distractors']:>11}  {r['accuracy']:>8.3f}  {r['any_value']:>9.3f}  "
+                  f"{r['copy_any_value']:>14.3f}  {r['chance']:>6.3f}  {r['n']}")
