@@ -62,7 +62,9 @@ def test_presets_exist():
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_option_of_every_axis_composes_validates_and_builds(preset):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
-        composed = {(g, o): compose("estimate", overrides=[f"model={preset}", f"model/{g}={o}"])
+        # vocab_size=null presets take the tokenizer's size in training; give one here
+        composed = {(g, o): compose("estimate", overrides=[f"model={preset}", f"model/{g}={o}",
+                                                            "model.vocab_size=199"])
                     for g in sorted(AXES) for o in sorted(_options(g))}
     for (group, option), cfg in composed.items():
         assert OmegaConf.select(cfg, f"model.{group}.name").value == option
@@ -142,3 +144,8 @@ def test_estimate_command_prints_the_table_and_reports_errors_in_one_line():
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [
         "config error: model.n_heads=3: must divide d_model=256; or set model.d_head explicitly"]
+
+
+def test_a_null_vocab_size_is_only_for_training():
+    with pytest.raises(ConfigError, match=r"model\.vocab_size=None: must be set here"):
+        model_config(_compose("model=retrieval_tiny").model)

@@ -132,7 +132,7 @@ class ModelConfig:
     position: PositionConfig = field(default_factory=PositionConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    vocab_size: int = 256
+    vocab_size: int | None = 256  # null = the tokenizer's size (filled in by training)
     d_model: int = 64
     n_layers: int = 2
     n_heads: int = 4
@@ -196,7 +196,8 @@ class DataConfig:
     batch_size: int = 32
     seq_len: int = 128  # longest training sequence (the row length when packing)
     min_len: int = 32  # synthetic: shortest sequence
-    curriculum_steps: int = 0  # synthetic: max length ramps min_len -> seq_len over these steps
+    # synthetic: short-to-long stages [[from_step, max_len], ...]; after the last, seq_len
+    curriculum: list[list[int]] = field(default_factory=list)
     packing: bool = False  # pack documents into seq_len rows with document masks
     val_batches: int = 8
     num_workers: int = 0
@@ -351,6 +352,9 @@ def resolve_kv_heads(m: ModelConfig) -> int:
 
 def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
     """Check the cross-field rules of a composed model config; return it unchanged."""
+    if m.vocab_size is None:
+        raise _fail(f"{key}.vocab_size", None, "must be set here (null means 'the tokenizer's "
+                    "size' and is only filled in by training)")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
         value = getattr(m, name)
         if value < 1:

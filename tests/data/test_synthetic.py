@@ -304,13 +304,19 @@ def test_mixture_task_frequencies_match_weights() -> None:
 
 
 def test_mixture_lengths_follow_the_curriculum() -> None:
-    cfg = DataConfig(tasks=ALL_TASKS, min_len=32, seq_len=128, curriculum_steps=100)
+    cfg = DataConfig(tasks=ALL_TASKS, min_len=32, seq_len=128,
+                     curriculum=[[0, 32], [50, 80], [100, 128]])
     mix = Mixture(cfg)
-    assert mix.max_len(0) == 32 and mix.max_len(100) == mix.max_len(10**6) == 128
-    assert mix.max_len(50) == 80
+    assert mix.max_len(0) == mix.max_len(49) == 32
+    assert mix.max_len(50) == mix.max_len(99) == 80
+    assert mix.max_len(100) == mix.max_len(10**6) == 128
     ramp = [mix.max_len(s) for s in range(0, 120)]
-    assert ramp == sorted(ramp) and set(ramp) >= {32, 128}
-    assert Mixture(dataclasses.replace(cfg, curriculum_steps=0)).max_len(0) == 128
+    assert ramp == sorted(ramp) and set(ramp) == {32, 80, 128}
+    assert Mixture(dataclasses.replace(cfg, curriculum=[])).max_len(0) == 128
+    capped = dataclasses.replace(cfg, curriculum=[[0, 32], [10, 500]])
+    assert Mixture(capped).max_len(20) == 128  # never beyond seq_len
+    with pytest.raises(ConfigError, match="curriculum"):
+        Mixture(dataclasses.replace(cfg, curriculum=[[50, 64], [0, 32]]))
     bs = cfg.batch_size
     for step in (0, 10, 50, 99, 100, 5000, None):
         hi = 128 if step is None else mix.max_len(step)
@@ -327,7 +333,7 @@ def test_mixture_lengths_follow_the_curriculum() -> None:
 
 
 def test_mixture_draws_one_length_per_batch() -> None:
-    cfg = DataConfig(tasks=TaskWeights(needle=1, markov_lm=1), batch_size=8, curriculum_steps=50)
+    cfg = DataConfig(tasks=TaskWeights(needle=1, markov_lm=1), batch_size=8, curriculum=[[0, 40]])
     mix = Mixture(cfg)
     for step in (0, 25, None):
         per_batch = [{len(mix(b * 8 + j, step).tokens) for j in range(8)} for b in range(40)]
@@ -349,15 +355,15 @@ def test_mixture_needles_honour_distractor_range_and_fillers() -> None:
 
 def stream(cfg: DataConfig, n: int = 30) -> list[list[int]]:
     mix = Mixture(cfg)
-    return [mix(i, i).tokens for i in range(n)]
+    return [mix(37 * i, 3 * i).tokens for i in range(n)]  # many batches, every curriculum stage
 
 
-BASE = DataConfig(tasks=TaskWeights(needle=1, mqar=1), curriculum_steps=20)
+BASE = DataConfig(tasks=TaskWeights(needle=1, mqar=1), curriculum=[[0, 48], [20, 128]])
 
 
 @pytest.mark.parametrize("change", [
     {"seed": 1}, {"seq_len": 96}, {"tasks": TaskWeights(needle=1, mqar=2)},
-    {"tasks": TaskWeights(needle=1, copy=1)}, {"min_len": 40}, {"curriculum_steps": 30},
+    {"tasks": TaskWeights(needle=1, copy=1)}, {"min_len": 40}, {"curriculum": [[0, 48], [10, 128]]},
     {"n_distractors": [1, 2]}, {"fillers": ["iid"]}, {"n_keys": 70},
     {"batch_size": 7},  # one length per batch: the batch size shapes the stream
 ], ids=lambda c: next(iter(c)))

@@ -89,7 +89,7 @@ def test_resume_with_another_architecture_is_refused_listing_every_key(straight,
     assert r.returncode == 4
     msg = r.stderr.strip().splitlines()[-1]
     assert "architecture differs" in msg and "(2 keys)" in msg
-    assert "model.n_heads: 4 -> 2" in msg and "model.d_ff: 256 -> 128" in msg
+    assert "model.n_heads: 4 -> 2" in msg and "model.d_ff: 512 -> 128" in msg
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
 
 
@@ -126,10 +126,10 @@ def test_evaluating_a_checkpoint_alone_reproduces_the_logged_validation_loss(str
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["model.n_heads=3"], "config error: model.n_heads=3: must divide d_model=64"),
+    (["model.n_heads=3"], "config error: model.n_heads=3: must divide d_model=128"),
     (["optim.lr=0"], "config error: optim.lr=0.0: must be > 0"),
     (["data.tasks.neddle=1.0"], "neddle"),
-    (["data.tasks.needle=0", "data.tasks.mqar=0", "data.tasks.markov_lm=0"], "positive sum"),
+    (["data.tasks.needle=0", "data.tasks.mqar=0", "data.tasks.copy=0"], "positive sum"),
     (["model.vocab_size=100"], "model.vocab_size=100: smaller than the tokenizer's vocabulary (199)"),
     (["model.n_layer=3"], "n_layer"),
 ])
@@ -151,3 +151,13 @@ def test_cfg_job_and_help_are_quick_and_informative():
     assert r.returncode == 0 and "name: alibi" in r.stdout
     r = cli("--help")
     assert r.returncode == 0 and "model/position" in r.stdout
+
+
+@pytest.mark.slow
+def test_wandb_logger_runs_offline_inside_the_run_directory(tmp_path):
+    r = cli("experiment=smoke", f"out_root={tmp_path}", "logger=wandb", "trainer.max_steps=4",
+            "trainer.ckpt_every_steps=4", "trainer.val_every_steps=4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = (tmp_path / "smoke").iterdir()
+    assert list((run / "wandb").glob("offline-run-*")), "wandb did not write an offline run"
+    assert (run / "logs").is_dir()  # CSV logs are always kept as well

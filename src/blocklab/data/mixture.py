@@ -43,6 +43,10 @@ def check_mixture(cfg: DataConfig, key: str = "data") -> None:
     if not 0 <= lo <= hi:
         raise ConfigError(f"config error: {key}.n_distractors={list(cfg.n_distractors)!r}: "
                           "need 0 <= min <= max")
+    stages = [list(st) for st in cfg.curriculum]
+    if any(len(st) != 2 or st[1] < cfg.min_len for st in stages) or stages != sorted(stages):
+        raise ConfigError(f"config error: {key}.curriculum={stages!r}: needs [[from_step, "
+                          f"max_len], ...] sorted by step, each max_len >= min_len={cfg.min_len}")
     if not 8 <= cfg.min_len <= cfg.seq_len:
         raise ConfigError(f"config error: {key}.min_len={cfg.min_len}: need 8 <= min_len <= "
                           f"seq_len={cfg.seq_len}")
@@ -67,8 +71,8 @@ def check_mixture(cfg: DataConfig, key: str = "data") -> None:
 
 class Mixture:
     """``mixture(index, step)`` -> Example; tasks drawn by weight per example, one length per
-    batch uniform in ``[min_len, max_len(step)]``, where max_len ramps linearly from min_len to
-    ``seq_len`` over ``curriculum_steps`` (a short-to-long curriculum)."""
+    batch uniform in ``[min_len, max_len(step)]``, where max_len follows the short-to-long
+    ``curriculum`` stages (PROBES.md: key matching is learned on short sequences first)."""
 
     def __init__(self, cfg: DataConfig, *, salt: str = "train") -> None:
         check_mixture(cfg)
@@ -78,10 +82,10 @@ class Mixture:
         self.weights = [weights[n] for n in self.names]
 
     def max_len(self, step: int) -> int:
-        c = self.cfg
-        if c.curriculum_steps <= 0 or step >= c.curriculum_steps:
-            return c.seq_len
-        return c.min_len + (c.seq_len - c.min_len) * step // c.curriculum_steps
+        """Longest sequence at ``step``: the last curriculum stage started by then, capped at
+        seq_len; seq_len without a curriculum."""
+        started = [length for start, length in self.cfg.curriculum if start <= step]
+        return min(started[-1], self.cfg.seq_len) if started else self.cfg.seq_len
 
     def __call__(self, index: int, step: int | None = None) -> Example:
         c = self.cfg
@@ -99,8 +103,8 @@ class Mixture:
     def fingerprint(self) -> str:
         """Identifies the data stream: same fingerprint, same examples."""
         spec = {"salt": self.salt, "vocab": self.vocab.to_dict(),
-                **{k: getattr(self.cfg, k) for k in ("seed", "seq_len", "min_len", "curriculum_steps",
-                                                   "batch_size")},
+                **{k: getattr(self.cfg, k) for k in ("seed", "seq_len", "min_len", "batch_size")},
+                "curriculum": [list(stage) for stage in self.cfg.curriculum],
                 "tasks": task_weights(self.cfg), "n_distractors": list(self.cfg.n_distractors),
                 "fillers": list(self.cfg.fillers)}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

@@ -47,7 +47,7 @@ class Block(nn.Module):
         n_sub = 3 if cross else 2
         self.norms = nn.ModuleList(make_norm(m.norm, m.d_model)
                                    for _ in range(n_sub * self.norms_per_sublayer))
-        self.drop = nn.Dropout(m.dropout)
+        self.drop = nn.Dropout(m.dropout) if m.dropout else nn.Identity()
 
     def sublayers(self, ctx: Context) -> list:
         """The residual branches in order, each a function of its (normed) input."""

@@ -30,7 +30,6 @@ def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
 def generate(model: torch.nn.Module, prompt_ids: Tensor, *, max_new_tokens: int,
              prompt_valid: Tensor | None = None, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
@@ -39,43 +38,52 @@ def generate(model: torch.nn.Module, prompt_ids: Tensor, *, max_new_tokens: int,
     """Continue ``prompt_ids`` (B, T), left-padded where ``prompt_valid`` is False, by up to
     ``max_new_tokens``; return only the new tokens (B, N). Rows that emitted ``eos_id`` keep
     emitting it. Encoder–decoder models take ``source_ids=``/``source_valid=`` too (encoded
-    once) and ``prompt_ids`` is the decoder start."""
+    once) and ``prompt_ids`` is the decoder start. With the cache each step feeds one token
+    into preallocated K/V buffers; ``use_cache=False`` recomputes the whole prefix (reference)."""
     was_training = model.training
     model.eval()
     try:
-        b, t = prompt_ids.shape
-        valid = prompt_valid if prompt_valid is not None else torch.ones_like(prompt_ids, dtype=torch.bool)
-        positions = positions_from_valid(valid)
-        next_position = valid.long().sum(-1, keepdim=True)  # (B, 1)
-        pad_free = prompt_valid is None or bool(valid.all())
-        prepared = model.prepare(**source)
-        cache = model.new_cache(b, t + max_new_tokens) if use_cache else None
-        seq, seq_valid, seq_pos = prompt_ids, valid, positions
-        step_ids, step_valid, step_pos = prompt_ids, valid, positions
-        done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
-        out = []
-        for i in range(max_new_tokens):
-            if use_cache:
-                logits = model.decode(step_ids, positions=step_pos,
-                                      valid=None if pad_free else step_valid, cache=cache,
-                                      **prepared)
-            else:
-                logits = model.decode(seq, positions=seq_pos,
-                                      valid=None if pad_free else seq_valid, cache=None,
-                                      **prepared)
-            token = sample_next(logits[:, -1], temperature=temperature, top_k=top_k,
-                                top_p=top_p, generator=generator)
-            if eos_id is not None:
-                token = token.where(~done, eos_id)
-                done |= token == eos_id
-            out.append(token)
-            if (eos_id is not None and bool(done.all())) or i == max_new_tokens - 1:
-                break
-            step_ids, step_pos = token[:, None], next_position + i  # (B, 1)
-            step_valid = torch.ones_like(step_ids, dtype=torch.bool)
-            seq = torch.cat((seq, step_ids), 1)
-            seq_valid = torch.cat((seq_valid, step_valid), 1)
-            seq_pos = torch.cat((seq_pos, step_pos), 1)
-        return torch.stack(out, 1)
+        with torch.inference_mode():
+            return _generate(model, prompt_ids, max_new_tokens, prompt_valid, use_cache, eos_id,
+                             source, {"temperature": temperature, "top_k": top_k,
+                                      "top_p": top_p, "generator": generator})
     finally:
         model.train(was_training)
+
+
+def _generate(model: torch.nn.Module, prompt_ids: Tensor, max_new_tokens: int,
+              prompt_valid: Tensor | None, use_cache: bool, eos_id: int | None,
+              source: dict[str, Tensor | None], sampling: dict) -> Tensor:
+    b, t = prompt_ids.shape
+    pad_free = prompt_valid is None or bool(prompt_valid.all())
+    valid = None if pad_free else prompt_valid
+    if pad_free:
+        positions = torch.arange(t, device=prompt_ids.device).expand(b, t)
+        next_position = torch.full((b, 1), t, device=prompt_ids.device)
+    else:
+        positions = positions_from_valid(prompt_valid)
+        next_position = prompt_valid.long().sum(-1, keepdim=True)  # (B, 1)
+    prepared = model.prepare(**source)
+    cache = model.new_cache(b, t + max_new_tokens) if use_cache else None
+    ids, pos = prompt_ids, positions  # what the next forward sees
+    done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
+    out = []
+    for i in range(max_new_tokens):
+        logits = model.decode(ids, positions=pos, valid=valid, cache=cache, **prepared)
+        token = sample_next(logits[:, -1], **sampling)
+        if eos_id is not None:
+            token = token.where(~done, eos_id)
+            done |= token == eos_id
+        out.append(token)
+        if (eos_id is not None and bool(done.all())) or i == max_new_tokens - 1:
+            break
+        step_pos = next_position + i  # (B, 1)
+        if use_cache:  # the cache holds the past: feed only the new token
+            ids, pos = token[:, None], step_pos
+            if valid is not None:
+                valid = torch.ones_like(ids, dtype=torch.bool)
+        else:
+            ids, pos = torch.cat((ids, token[:, None]), 1), torch.cat((pos, step_pos), 1)
+            if valid is not None:
+                valid = torch.cat((valid, torch.ones_like(token[:, None], dtype=torch.bool)), 1)
+    return torch.stack(out, 1)

@@ -189,7 +189,10 @@ class RoPE(Position):
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         angles = positions[..., None].float() * self.inv_freq  # (B, T, d_head/2)
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, d_head)
-        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -50,7 +50,7 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(block(m, i, cross=cross) for i in range(n_layers))
         norm = lookup(NORMS, m.norm.name, "model.norm.name")
         self.final_norm = norm(m.norm, m.d_model) if block.final_norm else nn.Identity()
-        self.drop = nn.Dropout(m.dropout)
+        self.drop = nn.Dropout(m.dropout) if m.dropout else nn.Identity()
 
     def forward(self, x: Tensor, *, positions: Tensor, valid: Tensor | None = None,
                 segments: Tensor | None = None, cache: KVCache | None = None,

@@ -15,7 +15,15 @@ def csv(cfg: LoggerConfig, run_dir: Path) -> list:
 
 
 def tensorboard(cfg: LoggerConfig, run_dir: Path) -> list:
+    import importlib.util
+
     from lightning.pytorch.loggers import TensorBoardLogger
+
+    from blocklab.config import ConfigError
+
+    if not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
+        raise ConfigError("config error: logger=tensorboard: the tensorboard package is not "
+                          "installed; pip install 'blocklab[tensorboard]'")
 
     return [*csv(cfg, run_dir), TensorBoardLogger(save_dir=run_dir, name="tensorboard")]
 

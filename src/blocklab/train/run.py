@@ -7,6 +7,7 @@ everything is.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_model
@@ -175,7 +176,7 @@ def _loggers(tc: TrainConfig, run_dir: Path) -> list:
 def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     """Run a training job from a composed ``train`` config; return the run directory."""
     tc = to_train_config(cfg)
-    validate_model(tc.model)
+    validate_model(dataclasses.replace(tc.model, vocab_size=tc.model.vocab_size or 1))
     from blocklab.train.module import check_finite_config
 
     check_finite_config(tc)
@@ -188,6 +189,10 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
     prepare_run_dir(run_dir, resuming=resume_from is not None)
     train_make, val_make, tokenizer, vocab, fingerprint = _data(tc)  # validates data config
+    if tc.model.vocab_size is None:  # the tokenizer decides; stored resolved in the config
+        tc.model.vocab_size = vocab
+        with open_dict(cfg):
+            cfg.model.vocab_size = vocab
     if tc.model.vocab_size < vocab:
         raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
                           f"the tokenizer's vocabulary ({vocab})")
@@ -280,7 +285,8 @@ def measure_peak_flops(n: int = 1024, reps: int = 3) -> float:
 
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    g = torch.Generator().manual_seed(0)  # never draw from the global RNG (init, dropout)
+    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     a @ b
     best = float("inf")
     for _ in range(reps):
