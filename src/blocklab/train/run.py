@@ -187,7 +187,6 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         run_dir = resume_from.parent.parent
     else:
         run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
-    prepare_run_dir(run_dir, resuming=resume_from is not None)
     train_make, val_make, tokenizer, vocab, fingerprint = _data(tc)  # validates data config
     if tc.model.vocab_size is None:  # the tokenizer decides; stored resolved in the config
         tc.model.vocab_size = vocab
@@ -196,6 +195,7 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     if tc.model.vocab_size < vocab:
         raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
                           f"the tokenizer's vocabulary ({vocab})")
+    prepare_run_dir(run_dir, resuming=resume_from is not None)  # the first write, if all is valid
     plain = plain_config(cfg)
     model_plain = model_to_dict(tc.model)
     tok_hash = hashlib.sha256(tokenizer.encode()).hexdigest()[:16]
