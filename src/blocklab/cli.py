@@ -83,16 +83,31 @@ def train(cfg: DictConfig) -> None:
 
 
 def _eval(cfg: DictConfig) -> None:
-    from blocklab.eval.evaluate import validation_loss
+    from omegaconf import OmegaConf
 
-    r = validation_loss(cfg.ckpt, batches=cfg.val_batches, batch_size=cfg.batch_size)
+    from blocklab.eval import evaluate as ev
+
+    spec = OmegaConf.to_object(cfg.probes)
+    if (cfg.ckpt is None) == (cfg.hf_model is None):
+        raise ConfigError(f"config error: ckpt={cfg.ckpt!r}, hf_model={cfg.hf_model!r}: give "
+                          "exactly one (a blocklab run/checkpoint, or a Hugging Face model dir)")
+    if cfg.hf_model is not None:
+        r = ev.probe_hf(cfg.hf_model, spec, gguf_file=cfg.hf_gguf, out=cfg.out)
+        print(f"probe results   {r.out_dir}")
+        return
+    r = ev.validation_loss(cfg.ckpt, batches=cfg.val_batches, batch_size=cfg.batch_size)
     print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
           f"over {r['val_targets']} targets")
+    if spec.enabled:
+        p = ev.probe_checkpoint(r["checkpoint"], spec, out=cfg.out)
+        print(f"probe results   {p.out_dir}")
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
 def evaluate(cfg: DictConfig) -> None:
-    """Evaluate a checkpoint on its own: ``blocklab-eval ckpt=<run dir or checkpoint>``."""
+    """Evaluate a checkpoint on its own: ``blocklab-eval ckpt=<run dir or checkpoint>
+    probes=full`` (validation loss + probes), or a Hugging Face causal LM:
+    ``blocklab-eval hf_model=<dir> hf_gguf=<file> probes=text``."""
     _run(_eval, cfg)
 
 

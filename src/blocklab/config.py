@@ -264,6 +264,79 @@ class LoggerConfig:
 
 
 @dataclass
+class NeedleProbeConfig:
+    """Needle-in-a-haystack grid: lengths × depths, ``n`` seeded samples per cell, once per
+    distractor count (0 = a single needle: a shortcut task, reported but never quoted alone)."""
+
+    enabled: bool = True
+    lengths: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 1.5, 2.0, 4.0])
+    depths: list[float] = field(default_factory=lambda: [i / 10 for i in range(11)])
+    n_distractors: list[int] = field(default_factory=lambda: [2])
+    n: int = 64
+    fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
+
+
+@dataclass
+class LitmProbeConfig:
+    """Lost in the middle: key–value records with the gold record's position swept, the
+    query-aware layout, and closed-book (records absent) / oracle (only the gold record)
+    baselines."""
+
+    enabled: bool = True
+    n_records: list[int] = field(default_factory=lambda: [8, 16, 32])
+    gold: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # × (m-1)
+    n: int = 64
+    query_aware: bool = True
+    baselines: bool = True
+
+
+@dataclass
+class PerplexityProbeConfig:
+    """Perplexity vs evaluation length (decoders): non-overlapping chunks and a sliding window
+    (each window scores only its last ``stride`` fraction of tokens)."""
+
+    enabled: bool = True
+    lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0])
+    tokens: int = 4096  # tokens scored per length and mode
+    stride: float = 0.5  # sliding window: fraction of the window scored per step
+
+
+@dataclass
+class TextProbeConfig:
+    """Text-space builder (real tokenizers): templates and haystack."""
+
+    haystack: str = "essay"  # essay (built-in plain sentences) | shakespeare | path to a .txt
+    needle: str = "The special magic number for {key} is {value}."
+    question: str = "What is the special magic number for {key}?"
+    answer_prefix: str = "The special magic number for {key} is"
+    record: str = '"{key}": "{value}"'  # litm: one key–value record per line
+    record_question: str = 'What is the value of key "{key}"?'
+    record_answer_prefix: str = 'The value of key "{key}" is "'
+    chat_template: bool = False  # wrap question + answer prefix in the tokenizer's chat template
+    max_new_tokens: int = 16  # greedy generation length for the substring match
+    add_bos: bool = True  # prepend the tokenizer's BOS once, at the start
+
+
+@dataclass
+class ProbeSpec:
+    """One probe spec, rendered by the token-space builder (synthetic vocabularies) or the
+    text-space builder (real tokenizers); scoring and reports are shared. Lengths are
+    multiples of ``train_length`` (null = the checkpoint's ``data.seq_len``)."""
+
+    enabled: bool = True
+    name: str = "full"
+    space: str = "auto"  # auto | token | text
+    seed: int = 9999  # disjoint from training seeds: probe pairings are never trained on
+    train_length: int | None = None
+    threshold: float = 0.8  # effective context length: accuracy >= threshold at every L' <= L
+    batch_size: int = 64
+    needle: NeedleProbeConfig = field(default_factory=NeedleProbeConfig)
+    litm: LitmProbeConfig = field(default_factory=LitmProbeConfig)
+    perplexity: PerplexityProbeConfig = field(default_factory=PerplexityProbeConfig)
+    text: TextProbeConfig = field(default_factory=TextProbeConfig)
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -272,7 +345,8 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    probes: dict[str, Any] = field(default_factory=dict)
+    probes: ProbeSpec = field(default_factory=ProbeSpec)  # at the end of training
+    checkpoint_probes: ProbeSpec = field(default_factory=ProbeSpec)  # at every checkpoint save
     experiment_name: str = "default"
     seed: int = 0
     out_root: str = "outputs"
@@ -283,9 +357,13 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    ckpt: str = "???"  # a run directory (newest valid checkpoint) or a checkpoint directory
+    ckpt: str | None = None  # a run directory (newest valid checkpoint) or a checkpoint directory
     val_batches: int | None = None  # null = the run's data.val_batches
     batch_size: int | None = None  # null = the run's data.batch_size
+    probes: ProbeSpec = field(default_factory=ProbeSpec)
+    hf_model: str | None = None  # a Hugging Face causal LM directory instead of a checkpoint
+    hf_gguf: str | None = None  # a GGUF file inside hf_model (dequantized on load)
+    out: str | None = None  # output folder (default: next to the checkpoint)
 
 
 @dataclass
@@ -327,6 +405,7 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(group="model", name="schema", node=ModelConfig)
+    cs.store(group="probes", name="schema", node=ProbeSpec)
 
 
 # -------------------------------------------------------------------------------- validation

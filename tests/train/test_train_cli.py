@@ -113,8 +113,9 @@ def test_resume_on_different_data_is_refused_unless_allowed(straight, tmp_path):
 
 @pytest.mark.slow
 def test_evaluating_a_checkpoint_alone_reproduces_the_logged_validation_loss(straight):
-    r = cli(f"ckpt={straight}", tool="blocklab-eval")
+    r = cli(f"ckpt={straight}", "probes=coarse", tool="blocklab-eval")
     assert r.returncode == 0, r.stderr[-3000:]
+    assert (straight / "probes/step-000016").is_dir() and "effective length" in r.stdout
     got = float(r.stdout.split("val/loss ")[1].split()[0])
     logged = [row["val/loss"] for f in (straight / "logs").glob("version_*/metrics.csv")
               for row in csv.DictReader(f.open()) if row.get("val/loss")]

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from blocklab import checkpoint as ckpt
-from blocklab.config import TrainConfig
+from blocklab.config import ConfigError, TrainConfig
 
 
 def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
@@ -45,3 +45,135 @@ def validation_loss(path: str | Path, *, batches: int | None = None,
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "val.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+# ------------------------------------------------------------------------------------ probes
+
+VOLATILE = ("resume", "run_dir", "out_root", "allow_data_change", "logger", "probes",
+            "checkpoint_probes")
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """Hash of the training config without bookkeeping keys (where outputs go, logging,
+    probes): equal for a run and its exact resume."""
+    import hashlib
+
+    kept = {k: v for k, v in config.items() if k not in VOLATILE}
+    trainer = dict(kept.get("trainer", {}))
+    for k in ("max_steps", "progress_bar", "log_every_steps", "val_every_steps",
+              "ckpt_every_steps", "keep_checkpoints"):
+        trainer.pop(k, None)
+    kept["trainer"] = trainer
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def probe_keys(meta: dict[str, Any], spec, *, step: int, checkpoint: str | None) -> dict[str, Any]:
+    """The keys every probe row and summary carries, so results across checkpoints and runs
+    line up: checkpoint step, config hash, tokenizer hash, probe-spec hash."""
+    from blocklab.eval.items import spec_hash
+
+    return {"step": step, "checkpoint": checkpoint, "config_hash": config_hash(meta["config"]),
+            "arch_hash": meta.get("arch_hash"), "tokenizer_hash": meta.get("tokenizer_hash"),
+            "spec_hash": spec_hash(spec)}
+
+
+def probe_builder(spec, tc: TrainConfig, tokenizer_json: str):
+    """(builder, decode) for a blocklab run: token space for the synthetic vocabulary, text
+    space for a real tokenizer (``spec.space`` may force either)."""
+    from blocklab.data.tokenizer import tokenizer_from_json
+    from blocklab.eval.items import TokenBuilder
+    from blocklab.eval.textspace import TextBuilder, TextTokenizer
+
+    tok = tokenizer_from_json(tokenizer_json)
+    synthetic = json.loads(tokenizer_json).get("kind") == "synthetic"
+    space = spec.space if spec.space != "auto" else ("token" if synthetic else "text")
+    if space == "token":
+        if not synthetic:
+            raise ConfigError(f"config error: probes.space={spec.space!r}: the token-space "
+                              "builder needs the synthetic vocabulary; use probes.space=text")
+        return TokenBuilder(tok, tc.data.seed, language_model=tc.data.tasks.markov_lm > 0), None
+    if space != "text":
+        raise ConfigError(f"config error: probes.space={spec.space!r}: one of auto, token, text")
+    if synthetic:
+        raise ConfigError("config error: probes.space='text': this run's tokenizer is the "
+                          "synthetic vocabulary; use probes.space=token (or auto)")
+    from blocklab.data.synthetic import BOS
+
+    text_tok = TextTokenizer.from_tokenizers(tok, bos=BOS, name=tc.tokenizer.name.value)
+    return TextBuilder(text_tok, spec), text_tok.decode
+
+
+def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], spec, *,
+                step: int, checkpoint: str | None, out_dir: Path | None, log=None, plots=True):
+    """Run ``spec`` on an in-memory blocklab model (the callback and blocklab-eval share it)."""
+    from blocklab.eval.backends import BlocklabBackend
+    from blocklab.eval.probes import run_spec
+
+    builder, decode = probe_builder(spec, tc, meta["tokenizer"])
+    keys = probe_keys(meta, spec, step=step, checkpoint=checkpoint)
+    was_training = model.training
+    model.eval()
+    try:
+        return run_spec(BlocklabBackend(model), spec, builder=builder,
+                        train_length=spec.train_length or tc.data.seq_len, keys=keys,
+                        out_dir=out_dir, decode=decode, log=log, plots=plots)
+    finally:
+        model.train(was_training)
+
+
+def probe_dir(run_dir: Path, checkpoint_name: str, spec) -> Path:
+    """``<run dir>/probes/<checkpoint>/<spec name>-<spec hash>``: next to the checkpoints,
+    outside them (pruning old checkpoints never deletes their probe results)."""
+    from blocklab.eval.items import spec_hash
+
+    return Path(run_dir) / "probes" / checkpoint_name / f"{spec.name}-{spec_hash(spec)}"
+
+
+def probe_checkpoint(path: str | Path, spec, *, out: str | Path | None = None, log=print):
+    """``blocklab-eval ckpt=<path> probes=<spec>``: probe a checkpoint on its own."""
+    path = ckpt.resolve(path)
+    model, _, meta = ckpt.load_model(path)
+    tc = stored_train_config(meta)
+    out_dir = Path(out) if out else probe_dir(path.parent.parent, path.name, spec)
+    return probe_model(model, tc, meta, spec, step=int(meta["step"]), checkpoint=str(path),
+                       out_dir=out_dir, log=log)
+
+
+def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,
+             out: str | Path | None = None, log=print):
+    """``blocklab-eval hf_model=<dir> [hf_gguf=<file>] probes=text``: the same text-space
+    probes on a Hugging Face causal LM, through :class:`blocklab.eval.hf.HFCausalLM`."""
+    import hashlib
+
+    from blocklab.eval.hf import HFCausalLM, load_hf_causal_lm
+    from blocklab.eval.items import spec_hash
+    from blocklab.eval.probes import run_spec
+    from blocklab.eval.textspace import TextBuilder, TextTokenizer
+
+    if spec.space == "token":
+        raise ConfigError("config error: probes.space='token': a Hugging Face model needs the "
+                          "text-space builder (probes=text)")
+    if not spec.train_length:  # the reference length that lengths are multiples of
+        spec.train_length = 512
+    model, hf_tok = load_hf_causal_lm(model_dir, gguf_file=gguf_file)
+    name = Path(gguf_file or model_dir).stem
+    text_tok = TextTokenizer.from_hf(hf_tok, name=name)
+    chat = None
+    if spec.text.chat_template:
+        def chat(user: str, prefix: str) -> str:
+            return hf_tok.apply_chat_template([{"role": "user", "content": user}],
+                                              tokenize=False, add_generation_prompt=True) + prefix
+    builder = TextBuilder(text_tok, spec, chat=chat)
+    config = model.config.to_dict()
+    keys = {"step": None, "checkpoint": f"hf:{model_dir}" + (f"/{gguf_file}" if gguf_file else ""),
+            "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True, default=str)
+                                          .encode()).hexdigest()[:16],
+            "arch_hash": None,
+            "tokenizer_hash": hashlib.sha256(json.dumps(sorted(hf_tok.get_vocab().items()))
+                                             .encode()).hexdigest()[:16],
+            "spec_hash": spec_hash(spec)}
+    out_dir = Path(out) if out else Path("outputs") / "eval" / name / f"{spec.name}-{spec_hash(spec)}"
+    return run_spec(HFCausalLM(model, hf_tok, name=f"hf:{name}",
+                               batch_size=spec.batch_size), spec,
+                    builder=builder, train_length=spec.train_length, keys=keys,
+                    out_dir=out_dir, decode=text_tok.decode, log=log)

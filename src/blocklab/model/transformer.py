@@ -120,13 +120,15 @@ class DecoderModel(_Model):
 
     def forward(self, input_ids: Tensor, *, valid: Tensor | None = None,
                 positions: Tensor | None = None, segments: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
-        """(B, T) token ids -> (B, T, V) next-token logits."""
+                cache: KVCache | None = None, select: Tensor | None = None) -> Tensor:
+        """(B, T) token ids -> (B, T, V) next-token logits; with ``select`` (B, T) bool, only
+        the (N, V) logits of the selected positions, in row-major order (probes score a few
+        answer positions of long sequences without materialising every vocabulary row)."""
         if positions is None:
             positions = default_positions(input_ids, valid, segments)
         h = self.decoder(self.embed(input_ids), positions=positions, valid=valid,
                          segments=segments, cache=cache)
-        return self.head(h)
+        return self.head(h if select is None else h[select])
 
     def prepare(self, **_: Tensor | None) -> dict[str, Tensor | None]:
         """Per-generation inputs computed once (none for a decoder-only model)."""
@@ -147,12 +149,15 @@ class EncoderModel(_Model):
         self.init_weights()
 
     def forward(self, input_ids: Tensor, *, valid: Tensor | None = None,
-                positions: Tensor | None = None, segments: Tensor | None = None) -> Tensor:
-        """(B, T) token ids (some replaced by a mask token) -> (B, T, V) logits."""
+                positions: Tensor | None = None, segments: Tensor | None = None,
+                select: Tensor | None = None) -> Tensor:
+        """(B, T) token ids (some replaced by a mask token) -> (B, T, V) logits (or the (N, V)
+        rows of ``select``, as for the decoder)."""
         if positions is None:
             positions = default_positions(input_ids, valid, segments)
-        return self.head(self.encoder(self.embed(input_ids), positions=positions, valid=valid,
-                                      segments=segments))
+        h = self.encoder(self.embed(input_ids), positions=positions, valid=valid,
+                         segments=segments)
+        return self.head(h if select is None else h[select])
 
     def new_cache(self, *a: object, **kw: object) -> KVCache:
         raise TypeError("an encoder-only model is bidirectional: it has no KV cache")
@@ -181,9 +186,10 @@ class EncoderDecoderModel(_Model):
                 source_valid: Tensor | None = None, target_valid: Tensor | None = None,
                 source_positions: Tensor | None = None, target_positions: Tensor | None = None,
                 source_segments: Tensor | None = None, target_segments: Tensor | None = None,
-                cache: KVCache | None = None, memory: Tensor | None = None) -> Tensor:
-        """Teacher-forced: (B, S) source, (B, T) decoder input -> (B, T, V) logits. Packed rows
-        pair target segment k with source segment k."""
+                cache: KVCache | None = None, memory: Tensor | None = None,
+                select: Tensor | None = None) -> Tensor:
+        """Teacher-forced: (B, S) source, (B, T) decoder input -> (B, T, V) logits (or the
+        (N, V) rows of ``select``). Packed rows pair target segment k with source segment k."""
         if memory is None:
             memory = self.encode(source_ids, source_valid=source_valid,
                                  source_positions=source_positions,
@@ -193,7 +199,7 @@ class EncoderDecoderModel(_Model):
         h = self.decoder(self.embed(target_ids), positions=target_positions, valid=target_valid,
                          segments=target_segments, cache=cache, memory=memory,
                          memory_valid=source_valid, memory_segments=source_segments)
-        return self.head(h)
+        return self.head(h if select is None else h[select])
 
     def prepare(self, *, source_ids: Tensor, source_valid: Tensor | None = None,
                 **_: Tensor | None) -> dict[str, Tensor | None]:

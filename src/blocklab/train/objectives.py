@@ -64,11 +64,16 @@ class Objective:
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
         raise NotImplementedError
 
-    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor], **kw: Tensor) -> Tensor:
         raise NotImplementedError
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
         return token_loss(self.logits(model, batch), batch["labels"])
+
+    def target_logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        """(N, V) logits of the supervised positions only (``labels != IGNORE``, row-major
+        order), without the vocabulary projection of every other position."""
+        return self.logits(model, batch, select=batch["labels"] != IGNORE)
 
 
 class CausalLM(Objective):
@@ -99,10 +104,10 @@ class CausalLM(Objective):
             batch["segments"] = segments[:, :-1]
         return batch
 
-    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor], **kw: Tensor) -> Tensor:
         """(B, T, V), aligned with ``batch["labels"]``. Right padding needs no key mask in a
         causal model: pads sit after every real token, so no real query sees them."""
-        return model(batch["input_ids"], segments=batch.get("segments"))
+        return model(batch["input_ids"], segments=batch.get("segments"), **kw)
 
 
 class MaskedLM(Objective):
@@ -126,8 +131,8 @@ class MaskedLM(Objective):
         return {"input_ids": ids, "labels": _pad(labels, IGNORE, ids.shape[1]),
                 "valid": _pad([[1] * len(r) for r in inputs], 0, ids.shape[1]).bool()}
 
-    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        return model(batch["input_ids"], valid=batch["valid"])
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor], **kw: Tensor) -> Tensor:
+        return model(batch["input_ids"], valid=batch["valid"], **kw)
 
 
 class Seq2Seq(Objective):
@@ -148,8 +153,9 @@ class Seq2Seq(Objective):
                 "source_valid": _pad([[1] * len(s) for s in sources], 0, src.shape[1]).bool(),
                 "target_ids": tgt[:, :-1], "labels": labels}
 
-    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        return model(batch["source_ids"], batch["target_ids"], source_valid=batch["source_valid"])
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor], **kw: Tensor) -> Tensor:
+        return model(batch["source_ids"], batch["target_ids"], source_valid=batch["source_valid"],
+                     **kw)
 
 
 OBJECTIVES = {

@@ -253,7 +253,8 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
         accumulate_grad_batches=t.accumulate,
         gradient_clip_val=tc.optim.grad_clip or None, val_check_interval=t.val_every_steps,
         check_val_every_n_epoch=None, log_every_n_steps=t.log_every_steps,
-        callbacks=[saver, *_progress(t.progress_bar)], logger=_loggers(tc, run_dir),
+        callbacks=[saver, *_probe_callbacks(tc, meta, run_dir), *_progress(t.progress_bar)],
+        logger=_loggers(tc, run_dir),
         enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
         plugins=[BlocklabCheckpointIO()], default_root_dir=run_dir,
         deterministic=t.deterministic, enable_model_summary=False,
@@ -263,19 +264,35 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
     if not final.exists():
         trainer.save_checkpoint(final)
     if trainer.is_global_zero:
-        _summary(run_dir, trainer, lit, _retrieval(tc, lit))
+        _summary(run_dir, trainer, lit, _final_probes(tc, meta, lit, run_dir, trainer.global_step))
     return run_dir
 
 
-def _retrieval(tc: TrainConfig, lit) -> list[dict[str, Any]]:
-    """Held-out needle accuracy with 1-3 distractors at the training length (synthetic data)."""
-    if tc.data.name.value != "synthetic" or not tc.data.tasks.needle:
+def _probe_callbacks(tc: TrainConfig, meta: dict[str, Any], run_dir: Path) -> list:
+    if not tc.checkpoint_probes.enabled:
         return []
-    from blocklab.data.mixture import vocab_of
-    from blocklab.eval.needle import needle_accuracy
+    from blocklab.eval.callback import ProbeCallback
 
-    return [needle_accuracy(lit.model, lit.objective, vocab_of(tc.data), length=tc.data.seq_len,
-                            n_distractors=nd, n=256) for nd in (1, 2, 3)]
+    return [ProbeCallback(tc.checkpoint_probes, tc, meta, run_dir)]
+
+
+def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step: int):
+    """The full probe grid on the final model (the same code as ``blocklab-eval``), with every
+    core: the batches are large, unlike the tiny training steps."""
+    if not tc.probes.enabled:
+        return None
+    import torch
+
+    from blocklab.eval.evaluate import probe_dir, probe_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, min(os.cpu_count() or 1, 8)))
+    try:
+        name = f"step-{step:06d}"
+        return probe_model(lit.model, tc, meta, tc.probes, step=step, checkpoint=name,
+                           out_dir=probe_dir(run_dir, name, tc.probes))
+    finally:
+        torch.set_num_threads(threads)
 
 
 def measure_peak_flops(n: int = 1024, reps: int = 3) -> float:
@@ -307,11 +324,12 @@ def _progress(enabled: bool) -> list:
         return []
 
 
-def _summary(run_dir: Path, trainer, lit, retrieval: list[dict[str, Any]]) -> None:
+def _summary(run_dir: Path, trainer, lit, probes) -> None:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     last = ckpt.list_checkpoints(run_dir)
     info = {"run_dir": str(run_dir), "step": trainer.global_step,
-            "tokens_seen": lit.tokens_seen, "metrics": metrics, "needle": retrieval,
+            "tokens_seen": lit.tokens_seen, "metrics": metrics,
+            "probes": probes.summary if probes else None,
             "last_checkpoint": str(last[-1]) if last else None}
     (run_dir / "summary.json").write_text(json.dumps(info, indent=2))
     print(f"\nrun directory   {run_dir}")
@@ -320,9 +338,10 @@ def _summary(run_dir: Path, trainer, lit, retrieval: list[dict[str, Any]]) -> No
     print(f"logs            {run_dir / 'logs'}")
     for k in sorted(metrics):
         print(f"{k:<15} {metrics[k]:.4g}")
-    if retrieval:
-        print("\nheld-out needle retrieval at the training length (argmax at the answer):")
-        print("distractors  accuracy  any-value  copy-any-value  chance  n")
-        for r in retrieval:
-            print(f"{r['n_distractors']:>11}  {r['accuracy']:>8.3f}  {r['any_value']:>9.3f}  "
-                  f"{r['copy_any_value']:>14.3f}  {r['chance']:>6.3f}  {r['n']}")
+    if probes:
+        from blocklab.eval.probes import format_report
+
+        print(f"\nprobes ({probes.summary['spec']}, held-out seed {lit.cfg.probes.seed}) on the final model:")
+        print(format_report(probes.summary, probes.cells))
+        for k, f in probes.files.items():
+            print(f"{k:<15} {f}")

@@ -1,0 +1,67 @@
+"""Probes on every checkpoint save, during training.
+
+The callback runs the (coarse) probe spec when Lightning saves a checkpoint, on rank 0, under
+``no_grad`` with the model in ``eval()`` (train mode restored after). Probe items are pure
+functions of the probe seed — nothing draws from the global random generators — so training
+is bit-identical with and without the callback (tested, with dropout on). Results go to
+``<run dir>/probes/step-NNNNNN/<spec>-<hash>/`` and a few headline numbers to the loggers.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from blocklab.eval.evaluate import probe_dir, probe_model
+
+
+def headline(summary: dict[str, Any]) -> dict[str, float]:
+    """A few scalars for the loggers: needle accuracy within / beyond the training length and
+    effective length per variant, the LitM best–worst gap per curve."""
+    out = {}
+    for variant, s in summary.get("needle", {}).items():
+        tag = variant.replace(" ", "_")
+        for part in ("within_train_length", "beyond_train_length"):
+            if s[part]["accuracy"] is not None:
+                out[f"probe/needle_{tag}/{part}"] = s[part]["accuracy"]
+        out[f"probe/needle_{tag}/effective_length"] = float(s["effective_length"] or 0)
+    for name, s in summary.get("litm", {}).items():
+        if "best_worst_gap" in s:
+            out[f"probe/litm_{name}/mean"] = sum(s["accuracy_by_gold_position"].values()) / len(
+                s["accuracy_by_gold_position"])
+            out[f"probe/litm_{name}/gap"] = s["best_worst_gap"]
+    return out
+
+
+class ProbeCallback(L.Callback):
+    def __init__(self, spec, tc, meta: dict[str, Any], run_dir: Path, *,
+                 run: Callable[..., Any] = probe_model, verbose: bool = False) -> None:
+        self.spec, self.tc, self.meta, self.run_dir = spec, tc, meta, Path(run_dir)
+        self.run, self.verbose = run, verbose
+        self.done: set[int] = set()
+        self.last: dict[str, Any] | None = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        step = trainer.global_step
+        if not self.spec.enabled or not trainer.is_global_zero or step in self.done:
+            return
+        self.done.add(step)
+        name = f"step-{step:06d}"
+        result = self.run(pl_module.model, self.tc, self.meta, self.spec, step=step,
+                          checkpoint=name, out_dir=probe_dir(self.run_dir, name, self.spec),
+                          plots=True)
+        if result is None:
+            return
+        self.last = result.summary
+        scalars = headline(result.summary)
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+        if self.verbose:
+            print(f"probes at step {step}: " + ", ".join(
+                f"{k.removeprefix('probe/')} {v:.3g}" for k, v in scalars.items()),
+                file=sys.stderr)

@@ -1,0 +1,189 @@
+"""Probe items and the token-space builder.
+
+A probe spec (``blocklab.config.ProbeSpec``) is rendered into :class:`ProbeItem` lists — a
+prompt, the gold answer tokens, the in-context alternatives, and the cell it belongs to — by
+the token-space builder here (synthetic vocabularies) or the text-space builder
+(:mod:`blocklab.eval.textspace`, real tokenizers). Scoring and reports never look at which
+builder made an item.
+
+Every item is a pure function of (spec seed, cell, sample index): the same cells hold the same
+sequences at every checkpoint, so checkpoints compare pairwise; the probe seed differs from
+every training seed, and keys and values are re-paired per sequence, so nothing is guessable
+without the context (the closed-book baseline measures exactly that).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from blocklab.config import ProbeSpec
+from blocklab.data import synthetic as syn
+
+
+@dataclass
+class ProbeItem:
+    """One probe example. ``prompt`` is everything the model conditions on (context, query,
+    answer prefix); ``answer`` the gold continuation, tokenized jointly with the prompt;
+    ``candidates`` every in-context alternative answer (gold at ``gold``), for margins and the
+    copy-any-value diagnostic. ``cell`` names the grid cell (probe, variant, length, depth,
+    ...), ``meta`` what was actually built (token depth of the needle, distance to the query)."""
+
+    cell: dict[str, Any]
+    prompt: list[int]
+    answer: list[int]
+    candidates: list[list[int]] = field(default_factory=list)
+    gold: int = 0
+    answer_text: str | None = None  # text space: the gold string for the substring match
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Cell:
+    """A grid cell: its key, its items, or the reason it is N/A (never clamped)."""
+
+    key: dict[str, Any]
+    items: list[ProbeItem]
+    na: str | None = None
+    copy_any_value: float | None = None
+    chance: float | None = None
+
+
+def spec_hash(spec: ProbeSpec | dict[str, Any]) -> str:
+    """A short stable hash of everything that decides which items are built and how they are
+    scored (the display name and the batch size do not change results)."""
+    from omegaconf import OmegaConf
+
+    plain = spec if isinstance(spec, dict) else OmegaConf.to_container(
+        OmegaConf.structured(spec), enum_to_str=True)
+    plain = {k: v for k, v in plain.items() if k not in ("name", "batch_size", "enabled")}
+    return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def lengths_of(multiples: list[float], train_length: int) -> list[int]:
+    """Absolute lengths for multiples of the training length, sorted, deduplicated."""
+    return sorted({max(1, round(x * train_length)) for x in multiples})
+
+
+def _fits(length: int, max_length: int | None) -> str | None:
+    if max_length is not None and length > max_length:
+        return f"n/a: length {length} > {max_length} positions the model can index"
+    return None
+
+
+def needle_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
+                 max_length: int | None) -> list[Cell]:
+    """NIAH grid: for each distractor count, lengths × depths, ``n`` items per cell. Fillers
+    rotate over the samples (repeated phrase, i.i.d., Markov text)."""
+    p = spec.needle
+    cells = []
+    for nd in p.n_distractors:
+        for length in lengths_of(p.lengths, train_length):
+            for depth in p.depths:
+                key = {"probe": "needle", "variant": f"{nd} distractors", "length": length,
+                       "depth": depth, "n_distractors": nd}
+                na = _fits(length, max_length)
+                if na is None and length < syn.needle_min_length(nd):
+                    na = f"n/a: length {length} < {syn.needle_min_length(nd)} for {nd + 1} needles"
+                cell = Cell(key, [], na, copy_any_value=1 / (nd + 1), chance=1 / vocab.n_values)
+                if na is None:
+                    salt = f"probe:needle:{nd}:{length}:{depth}"
+                    for i in range(p.n):
+                        ex = syn.needle(syn.example_rng(spec.seed, i, salt), vocab, length,
+                                        n_distractors=nd, depth=depth,
+                                        filler=p.fillers[i % len(p.fillers)], seed=spec.seed)
+                        cell.items.append(_item(key, ex, distance=ex.meta["query_index"]
+                                                - ex.meta["gold_index"],
+                                                actual_depth=ex.meta["depth"]))
+                cells.append(cell)
+    return cells
+
+
+def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None) -> list[Cell]:
+    """Lost in the middle over key–value records: gold position swept over m records, the
+    query-aware layout, closed-book (the records removed: only ``BOS SEP k``) and oracle (only
+    the gold record) baselines."""
+    p = spec.litm
+    chance = 1 / vocab.n_values
+    cells = []
+    for m in p.n_records:
+        if m > min(vocab.n_keys, vocab.n_values):
+            raise ValueError(f"probes.litm.n_records={m}: more records than the vocabulary has "
+                             f"keys/values ({vocab.n_keys}/{vocab.n_values})")
+        golds = sorted({round(g * (m - 1)) for g in p.gold})
+        for variant in ("kv_records", "query_aware") if p.query_aware else ("kv_records",):
+            qa = variant == "query_aware"
+            length = 3 * m + 4 + (2 if qa else 0)
+            for j in golds:
+                key = {"probe": "litm", "variant": variant, "length": length, "n_records": m,
+                       "gold_position": j}
+                cell = Cell(key, [], _fits(length, max_length), copy_any_value=1 / m, chance=chance)
+                if cell.na is None:
+                    salt = f"probe:litm:{variant}:{m}:{j}"
+                    for i in range(p.n):
+                        ex = syn.kv_records(syn.example_rng(spec.seed, i, salt), vocab, length,
+                                            gold=j, query_aware=qa, seed=spec.seed)
+                        cell.items.append(_item(key, ex, distance=3 * (m - j)))
+                cells.append(cell)
+    if p.baselines:
+        m = max(p.n_records)
+        for variant in ("closed_book", "oracle"):
+            length = 4 if variant == "closed_book" else 7
+            key = {"probe": "litm", "variant": variant, "length": length,
+                   "n_records": 0 if variant == "closed_book" else 1, "gold_position": None}
+            cell = Cell(key, [], None, copy_any_value=None if variant == "closed_book" else 1.0,
+                        chance=chance)
+            salt = f"probe:litm:{variant}"
+            for i in range(p.n):
+                rng = syn.example_rng(spec.seed, i, salt)
+                if variant == "closed_book":  # the same draw as a full example, records removed
+                    ex = syn.kv_records(rng, vocab, 3 * m + 4, seed=spec.seed)
+                    k, v = ex.tokens[-2], ex.tokens[-1]
+                    ex = syn.Example([syn.BOS, syn.SEP, k, v], [False] * 3 + [True],
+                                     {"candidates": [v]})
+                else:
+                    ex = syn.kv_records(rng, vocab, 7, gold=0, seed=spec.seed)
+                cell.items.append(_item(key, ex))
+            cells.append(cell)
+    return cells
+
+
+def _item(cell: dict[str, Any], ex: syn.Example, **meta: Any) -> ProbeItem:
+    start = ex.answer_start
+    answer = ex.tokens[start:]
+    cands = [[v] for v in ex.meta["candidates"]]
+    return ProbeItem(cell=cell, prompt=ex.tokens[:start], answer=answer, candidates=cands,
+                     gold=cands.index(answer), meta={"n_tokens": len(ex.tokens), **meta})
+
+
+def markov_stream(data_seed: int, probe_seed: int, vocab: syn.Vocab, n_tokens: int) -> list[int]:
+    """A held-out token stream from the training data's Markov chain (the perplexity probe's
+    text in token space): the chain is the data seed's, the sample the probe seed's."""
+    rng = syn.example_rng(probe_seed, 0, "probe:perplexity")
+    return syn.markov_chain(data_seed, vocab).sample(rng, n_tokens)
+
+
+class TokenBuilder:
+    """The token-space builder over a synthetic vocabulary (the data's own)."""
+
+    space = "token"
+
+    def __init__(self, vocab: syn.Vocab, data_seed: int, *, language_model: bool = True) -> None:
+        self.vocab, self.data_seed = vocab, data_seed
+        self.language_model = language_model  # the training mixture has a markov_lm slice
+
+    def needle_cells(self, spec: ProbeSpec, train_length: int, max_length: int | None) -> list[Cell]:
+        return needle_cells(spec, self.vocab, train_length, max_length)
+
+    def litm_cells(self, spec: ProbeSpec, max_length: int | None) -> list[Cell]:
+        return litm_cells(spec, self.vocab, max_length)
+
+    def stream(self, spec: ProbeSpec, n_tokens: int) -> tuple[list[int], int | None]:
+        """The held-out Markov stream; ``ValueError`` (-> N/A rows) when the model was never
+        trained to predict it: its perplexity would measure nothing."""
+        if not self.language_model:
+            raise ValueError("n/a: the training mixture has no language-modelling slice "
+                             "(data.tasks.markov_lm=0)")
+        return markov_stream(self.data_seed, spec.seed, self.vocab, n_tokens), syn.BOS

@@ -1,0 +1,100 @@
+"""The text-space builder with a real (byte-level BPE) tokenizer: needles inserted at sentence
+boundaries, the prompt tokenized once, the answer tokenized jointly, the needle located by
+offsets with its actual token depth, answer and needle exactly once, BOS once at the start,
+nothing over the length, N/A when the needle and question cannot fit — and a blocklab model of
+each family runs the same probes end to end."""
+
+from __future__ import annotations
+
+import pytest
+
+from blocklab.config import (
+    FamilyName,
+    LitmProbeConfig,
+    ModelConfig,
+    NeedleProbeConfig,
+    PerplexityProbeConfig,
+    ProbeSpec,
+    TokenizerConfig,
+    TokenizerName,
+)
+from blocklab.data.synthetic import BOS
+from blocklab.data.text import build_tokenizer
+from blocklab.eval.backends import BlocklabBackend
+from blocklab.eval.probes import run_spec
+from blocklab.eval.textspace import ESSAY, TextBuilder, TextTokenizer
+from blocklab.model import build_model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    docs = [ESSAY] * 4 + ["The special magic number for Alice is 12345. What is the value?"] * 4
+    raw = build_tokenizer(TokenizerConfig(name=TokenizerName.bpe, vocab_size=600), docs)
+    return TextTokenizer.from_tokenizers(raw, bos=BOS, name="bpe")
+
+
+def spec(**kw) -> ProbeSpec:
+    return ProbeSpec(space="text",
+                     needle=NeedleProbeConfig(lengths=[2.0, 3.0], depths=[0.0, 0.5, 1.0], n=6,
+                                              fillers=["essay"]),
+                     litm=LitmProbeConfig(n_records=[4, 8], gold=[0.0, 1.0], n=4), **kw)
+
+
+def test_needle_items_are_built_in_text_and_tokenized_once(tok):
+    s = spec()
+    cells = TextBuilder(tok, s).needle_cells(s, 128, None)
+    assert all(c.na is None and len(c.items) == 6 for c in cells)
+    for c in cells:
+        for it in c.items:
+            ids = it.prompt + it.answer
+            assert ids[0] == BOS and BOS not in ids[1:]  # BOS once, at the start
+            assert len(ids) <= c.key["length"]
+            text = tok.decode(it.prompt)
+            assert text.count(it.answer_text) == 1  # in its needle only, not in the question
+            # joint tokenization: prompt + answer is the tokenization of the whole string
+            assert tok.encode(tok.decode(it.prompt[1:]) + " " + it.answer_text)[0] == ids[1:]
+            assert tok.decode(it.answer).strip() == it.answer_text
+            needle_at = it.meta["needle_token"]
+            assert tok.decode(it.prompt[needle_at:needle_at + 6]).startswith("The special")
+            assert len(it.candidates) == 3 and it.candidates[it.gold] == it.answer
+    # actual token depth follows the requested depth
+    for length in (256, 384):
+        depth = {c.key["depth"]: sum(i.meta["actual_depth"] for i in c.items) / len(c.items)
+                 for c in cells if c.key["length"] == length}
+        assert depth[0.0] < 0.1 and 0.25 < depth[0.5] < 0.75 and depth[1.0] > 0.9
+
+
+def test_a_length_too_short_for_needles_and_question_is_not_applicable(tok):
+    s = spec()
+    s.needle.lengths = [0.1]
+    cells = TextBuilder(tok, s).needle_cells(s, 128, None)
+    assert all(c.na is not None and c.na.startswith("n/a") and not c.items for c in cells)
+
+
+def test_litm_records_hold_the_answer_once_and_closed_book_never(tok):
+    s = spec()
+    cells = TextBuilder(tok, s).litm_cells(s, None)
+    variants = {c.key["variant"] for c in cells}
+    assert variants == {"kv_records", "query_aware", "closed_book", "oracle"}
+    for c in cells:
+        for it in c.items:
+            text = tok.decode(it.prompt)
+            assert text.count(it.answer_text) == (0 if c.key["variant"] == "closed_book" else 1)
+            assert len(it.candidates) == max(c.key["n_records"], 1)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
+def test_every_family_runs_text_probes_end_to_end(tok, family, tmp_path):
+    m = ModelConfig(vocab_size=600, max_seq_len=512)
+    m.family.name = FamilyName(family)
+    model = build_model(m)
+    s = spec(perplexity=PerplexityProbeConfig(lengths=[1.0], tokens=256))
+    s.text.max_new_tokens = 4
+    r = run_spec(BlocklabBackend(model), s, builder=TextBuilder(tok, s), train_length=128,
+                 keys={"step": 1}, out_dir=tmp_path / "p", decode=tok.decode)
+    assert r.summary["space"] == "text"
+    assert all(c["n"] > 0 for c in r.cells if c["probe"] != "perplexity")
+    assert all(0 <= c["accuracy"] <= 1 for c in r.cells if c["probe"] != "perplexity")
+    assert any(c["probe"] == "perplexity" for c in r.cells) == (family == "decoder")
+    assert "generated" in r.examples[0]
+    assert (tmp_path / "p" / "niah.png").exists()
