@@ -82,7 +82,7 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
     torch.save(checkpoint, buf)
     files = {STATE: buf.getvalue()}
     if meta:
-        readable = {k: v for k, v in meta.items() if k not in ("rng", "tokenizer")}
+        readable = {k: v for k, v in meta.items() if k not in ("rng", "rng_ranks", "tokenizer")}
         files[META] = json.dumps(readable, indent=2, sort_keys=True).encode()
         files[CONFIG] = meta.get("config_yaml", "").encode()
         files[TOKENIZER] = meta.get("tokenizer", "").encode()

@@ -43,7 +43,7 @@ def estimate_cli() -> None:
     _console(estimate)
 
 
-def _run(fn, cfg: DictConfig) -> None:
+def _run(fn, cfg: DictConfig):
     """Errors users can cause end in one line and a per-class exit code, no traceback."""
     global _STARTED
     _STARTED = True
@@ -51,9 +51,13 @@ def _run(fn, cfg: DictConfig) -> None:
 
     from blocklab.checkpoint import CheckpointError, StorageError
     from blocklab.data.text import DataError
+    from blocklab.sweep import in_multirun, run_job
 
+    if in_multirun():  # a failing job records its error; the sweep goes on
+        return run_job(fn, cfg, (OmegaConfBaseException, ConfigError, CheckpointError,
+                                 StorageError, DataError, FloatingPointError))
     try:
-        fn(cfg)
+        return fn(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         print(f"config error: {key}: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -66,20 +70,43 @@ def _run(fn, cfg: DictConfig) -> None:
         sys.exit(getattr(e, "exit_code", 5))
 
 
-def _train(cfg: DictConfig) -> None:
+def _train(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
 
+    from blocklab.sweep import in_multirun, job_info
     from blocklab.train.run import train as run_train
 
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
-    run_train(cfg, overrides)
+    if in_multirun() and not cfg.resume:  # each job trains into <sweep dir>/<job number>
+        with open_dict(cfg):
+            cfg.run_dir = job_info()["run_dir"]
+    run_dir = run_train(cfg, overrides)
+    return objective_value(run_dir, cfg.objective)
+
+
+def objective_value(run_dir, name: str) -> float:
+    """The run's final ``name`` metric (what Hydra sweepers such as Optuna optimize)."""
+    import json
+    import math
+    from pathlib import Path
+
+    summary = Path(run_dir) / "summary.json"
+    if not summary.exists():  # a DDP child process: rank 0 writes the summary
+        return math.nan
+    value = json.loads(summary.read_text())["metrics"].get(name)
+    if value is None:  # e.g. val/loss in a run too short to validate: the run itself is fine
+        print(f"warning: objective={name!r} is not a logged metric of this run; a sweeper "
+              "sees NaN", file=sys.stderr)
+        return math.nan
+    return float(value)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
-def train(cfg: DictConfig) -> None:
+def train(cfg: DictConfig) -> float | None:
     """Train a model: ``blocklab-train model/position=alibi model.n_layers=6``;
-    continue one exactly with ``resume=<run dir or checkpoint>``."""
-    _run(_train, cfg)
+    continue one exactly with ``resume=<run dir or checkpoint>``; sweep with ``-m``."""
+    return _run(_train, cfg)
 
 
 def _eval(cfg: DictConfig) -> None:

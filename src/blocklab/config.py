@@ -314,6 +314,7 @@ class TextProbeConfig:
     record_answer_prefix: str = 'The value of key "{key}" is "'
     chat_template: bool = False  # wrap question + answer prefix in the tokenizer's chat template
     max_new_tokens: int = 16  # greedy generation length for the substring match
+    margin_candidates: int = 4  # multi-token answers: other in-context values scored per item
     add_bos: bool = True  # prepend the tokenizer's BOS once, at the start
 
 
@@ -353,6 +354,7 @@ class TrainConfig:
     run_dir: str | None = None  # set to continue in an existing directory (resume does it)
     resume: str | None = None  # run directory or checkpoint to continue exactly
     allow_data_change: bool = False  # resume: accept a different data/tokenizer fingerprint
+    objective: str = "val/loss"  # the metric a run returns to sweepers (Optuna minimizes it)
 
 
 @dataclass

@@ -50,7 +50,7 @@ def validation_loss(path: str | Path, *, batches: int | None = None,
 # ------------------------------------------------------------------------------------ probes
 
 VOLATILE = ("resume", "run_dir", "out_root", "allow_data_change", "logger", "probes",
-            "checkpoint_probes")
+            "checkpoint_probes", "objective")
 
 
 def config_hash(config: dict[str, Any]) -> str:

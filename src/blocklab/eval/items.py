@@ -67,10 +67,20 @@ def lengths_of(multiples: list[float], train_length: int) -> list[int]:
     return sorted({max(1, round(x * train_length)) for x in multiples})
 
 
-def _fits(length: int, max_length: int | None) -> str | None:
+def fits(length: int, max_length: int | None) -> str | None:
+    """The N/A reason when a length is beyond what the position scheme can index."""
     if max_length is not None and length > max_length:
         return f"n/a: length {length} > {max_length} positions the model can index"
     return None
+
+
+def needle_grid(spec: ProbeSpec, train_length: int):
+    """(distractors, length, depth, cell key) for every NIAH cell, in report order."""
+    for nd in spec.needle.n_distractors:
+        for length in lengths_of(spec.needle.lengths, train_length):
+            for depth in spec.needle.depths:
+                yield nd, length, depth, {"probe": "needle", "variant": f"{nd} distractors",
+                                          "length": length, "depth": depth, "n_distractors": nd}
 
 
 def needle_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
@@ -79,25 +89,20 @@ def needle_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
     rotate over the samples (repeated phrase, i.i.d., Markov text)."""
     p = spec.needle
     cells = []
-    for nd in p.n_distractors:
-        for length in lengths_of(p.lengths, train_length):
-            for depth in p.depths:
-                key = {"probe": "needle", "variant": f"{nd} distractors", "length": length,
-                       "depth": depth, "n_distractors": nd}
-                na = _fits(length, max_length)
-                if na is None and length < syn.needle_min_length(nd):
-                    na = f"n/a: length {length} < {syn.needle_min_length(nd)} for {nd + 1} needles"
-                cell = Cell(key, [], na, copy_any_value=1 / (nd + 1), chance=1 / vocab.n_values)
-                if na is None:
-                    salt = f"probe:needle:{nd}:{length}:{depth}"
-                    for i in range(p.n):
-                        ex = syn.needle(syn.example_rng(spec.seed, i, salt), vocab, length,
-                                        n_distractors=nd, depth=depth,
-                                        filler=p.fillers[i % len(p.fillers)], seed=spec.seed)
-                        cell.items.append(_item(key, ex, distance=ex.meta["query_index"]
-                                                - ex.meta["gold_index"],
-                                                actual_depth=ex.meta["depth"]))
-                cells.append(cell)
+    for nd, length, depth, key in needle_grid(spec, train_length):
+        na = fits(length, max_length)
+        if na is None and length < syn.needle_min_length(nd):
+            na = f"n/a: length {length} < {syn.needle_min_length(nd)} for {nd + 1} needles"
+        cell = Cell(key, [], na, copy_any_value=1 / (nd + 1), chance=1 / vocab.n_values)
+        if na is None:
+            salt = f"probe:needle:{nd}:{length}:{depth}"
+            for i in range(p.n):
+                ex = syn.needle(syn.example_rng(spec.seed, i, salt), vocab, length,
+                                n_distractors=nd, depth=depth,
+                                filler=p.fillers[i % len(p.fillers)], seed=spec.seed)
+                cell.items.append(_item(key, ex, distance=ex.meta["query_index"]
+                                        - ex.meta["gold_index"], actual_depth=ex.meta["depth"]))
+        cells.append(cell)
     return cells
 
 
@@ -119,7 +124,7 @@ def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None) -> lis
             for j in golds:
                 key = {"probe": "litm", "variant": variant, "length": length, "n_records": m,
                        "gold_position": j}
-                cell = Cell(key, [], _fits(length, max_length), copy_any_value=1 / m, chance=chance)
+                cell = Cell(key, [], fits(length, max_length), copy_any_value=1 / m, chance=chance)
                 if cell.na is None:
                     salt = f"probe:litm:{variant}:{m}:{j}"
                     for i in range(p.n):

@@ -20,7 +20,7 @@ from typing import Any
 
 from blocklab.config import ProbeSpec
 from blocklab.data.synthetic import example_rng
-from blocklab.eval.items import Cell, ProbeItem, lengths_of
+from blocklab.eval.items import Cell, ProbeItem, fits, needle_grid
 
 # Plain, number-free filler sentences (the "essay" haystack): varied, unremarkable, and unable to
 # be confused with a needle.
@@ -174,6 +174,9 @@ class TextBuilder:
         if text.count(gold) != want:  # exactly once; never in a closed-book prompt
             raise AssertionError(f"answer {gold!r} occurs {text.count(gold)} times in the "
                                  f"prompt (expected {want})")
+        # Multi-token alternatives each cost a forward pass: score the first few in context
+        # order (the margin is then over the best of those).
+        others = others[: self.t.margin_candidates]
         cands = [answer] + [self._joint(text, answer_text.replace(gold, o))[1] for o in others]
         head = self._head()
         if marker is not None:
@@ -191,24 +194,18 @@ class TextBuilder:
     # ----------------------------------------------------------------------------- needle
     def needle_cells(self, spec: ProbeSpec, train_length: int, max_length: int | None
                      ) -> list[Cell]:
-        p = spec.needle
         cells = []
-        for nd in p.n_distractors:
-            for length in lengths_of(p.lengths, train_length):
-                for depth in p.depths:
-                    key = {"probe": "needle", "variant": f"{nd} distractors", "length": length,
-                           "depth": depth, "n_distractors": nd}
-                    cell = Cell(key, [], None, copy_any_value=1 / (nd + 1), chance=1 / 90000)
-                    if max_length is not None and length > max_length:
-                        cell.na = f"n/a: length {length} > {max_length} positions the model can index"
-                    else:
-                        salt = f"probe:text-needle:{nd}:{length}:{depth}"
-                        try:
-                            cell.items = [self._needle(example_rng(spec.seed, i, salt), key, length,
-                                                       depth, nd) for i in range(p.n)]
-                        except _TooShort as e:
-                            cell.na, cell.items = str(e), []
-                    cells.append(cell)
+        for nd, length, depth, key in needle_grid(spec, train_length):
+            cell = Cell(key, [], fits(length, max_length), copy_any_value=1 / (nd + 1),
+                        chance=1 / 90000)  # 5-digit values
+            if cell.na is None:
+                salt = f"probe:text-needle:{nd}:{length}:{depth}"
+                try:
+                    cell.items = [self._needle(example_rng(spec.seed, i, salt), key, length,
+                                               depth, nd) for i in range(spec.needle.n)]
+                except _TooShort as e:
+                    cell.na = str(e)
+            cells.append(cell)
         return cells
 
     def _needle(self, rng: random.Random, key: dict[str, Any], length: int, depth: float,
@@ -286,11 +283,9 @@ class TextBuilder:
                     items = [self._records(example_rng(spec.seed, i, salt), key, m, j,
                                            variant == "query_aware") for i in range(p.n)]
                     length = max(it.meta["n_tokens"] for it in items)
-                    cell = Cell({**key, "length": length}, [], None, copy_any_value=1 / m,
-                                chance=16.0 ** -8)
-                    if max_length is not None and length > max_length:
-                        cell.na = f"n/a: length {length} > {max_length} positions the model can index"
-                    else:
+                    cell = Cell({**key, "length": length}, [], fits(length, max_length),
+                                copy_any_value=1 / m, chance=16.0 ** -8)
+                    if cell.na is None:
                         cell.items = items
                         for it in items:
                             it.cell = cell.key

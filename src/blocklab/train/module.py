@@ -62,16 +62,26 @@ class LitModel(L.LightningModule):
             set_rng_state(self._pending_rng)
             self._pending_rng = None
         out = self.objective.loss(self.model, batch)
-        if not torch.isfinite(out.loss):
+        loss, logged, count = out.loss, out.loss.detach(), out.count
+        world = self.trainer.world_size
+        if world > 1:
+            # Normalize by the *global* number of targets: DDP averages gradients over ranks,
+            # so total · W / global_count gives exactly the gradient of one process over the
+            # global batch (per-rank means would weight ranks with fewer targets more).
+            count = self.trainer.strategy.reduce(out.count.detach().float(), reduce_op="sum")
+            loss = out.total * world / count.clamp(min=1)
+            total = self.trainer.strategy.reduce(out.total.detach().clone(), reduce_op="sum")
+            logged = total / count.clamp(min=1)
+        if not torch.isfinite(loss):
             raise NonFiniteError(
-                f"numerical error: loss is {out.loss.item()} at step {self.global_step}; "
+                f"numerical error: loss is {loss.item()} at step {self.global_step}; "
                 "no optimizer step taken; the last checkpoint is intact")
         self.batches_seen += 1
-        tokens = int(out.count)
-        self.tokens_seen += tokens * self.trainer.world_size
+        tokens = int(count)
+        self.tokens_seen += tokens
         self._tokens_since += tokens
-        self.log("train/loss", out.loss, prog_bar=True, batch_size=1)
-        return out.loss
+        self.log("train/loss", logged, prog_bar=True, batch_size=1)
+        return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         norms = [p.grad.norm() for p in self.parameters() if p.grad is not None]
@@ -85,7 +95,7 @@ class LitModel(L.LightningModule):
         if every and (self.global_step % every == 0) and self._t_last is not None:
             dt = time.perf_counter() - self._t_last
             if dt > 0:
-                rate = self._tokens_since / dt * self.trainer.world_size
+                rate = self._tokens_since / dt
                 self.log("train/target_tokens_per_s", rate, batch_size=1)
                 seq = batch.get("input_ids", batch.get("target_ids"))
                 all_tokens = seq.numel() * self.trainer.world_size * every / dt
@@ -107,6 +117,23 @@ class LitModel(L.LightningModule):
         self.log("val/loss", out.total / out.count.clamp(min=1), prog_bar=True,
                  batch_size=int(out.count), sync_dist=True)
 
+    def configure_model(self) -> None:
+        """Under ``trainer.strategy=model_parallel``: FSDP2, each transformer block its own
+        shard unit, then the whole model (embeddings, tied head, final norms)."""
+        mesh = getattr(self, "device_mesh", None) if self._trainer is not None else None
+        if mesh is None or getattr(self, "_sharded", False):
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        from blocklab.model.blocks import Block
+
+        dp = mesh["data_parallel"]
+        for module in list(self.model.modules()):
+            if isinstance(module, Block):
+                fully_shard(module, mesh=dp)
+        fully_shard(self.model, mesh=dp)
+        self._sharded = True
+
     # -------------------------------------------------------------------------- optimizer
     def configure_optimizers(self) -> dict[str, Any]:
         opt = build_optimizer(self.model, self.cfg.optim)
@@ -117,19 +144,31 @@ class LitModel(L.LightningModule):
 
     # ------------------------------------------------------------------------- checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        rng = get_rng_state()
+        ranks = [rng]
+        if self.trainer.world_size > 1:  # every rank's generator (dropout differs per rank)
+            import torch.distributed as dist
+
+            ranks = [None] * self.trainer.world_size
+            dist.all_gather_object(ranks, rng)
         checkpoint["blocklab"] = {
             **self.meta,
             "step": self.global_step,
             "batches_seen": self.batches_seen,
             "tokens_seen": self.tokens_seen,
-            "rng": get_rng_state(),
+            "rng": ranks[0],
+            "rng_ranks": ranks,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("blocklab", {})
         self.batches_seen = int(meta.get("batches_seen", 0))
         self.tokens_seen = int(meta.get("tokens_seen", 0))
-        self._pending_rng = meta.get("rng")
+        ranks = meta.get("rng_ranks") or []
+        rank = self.trainer.global_rank if self._trainer is not None else 0
+        world = self.trainer.world_size if self._trainer is not None else 1
+        # The same world size restores each rank's own generator; otherwise rank 0's.
+        self._pending_rng = ranks[rank] if len(ranks) == world else meta.get("rng")
 
 
 def get_rng_state() -> dict[str, Any]:

@@ -27,7 +27,8 @@ from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_mo
 # warning that exactness is lost, and any `model` difference is refused.
 RESUME_ALLOWED = ("trainer.max_steps", "trainer.log_every_steps", "trainer.val_every_steps",
                   "trainer.ckpt_every_steps", "trainer.keep_checkpoints", "trainer.progress_bar",
-                  "logger.", "probes.", "resume", "run_dir", "allow_data_change", "out_root")
+                  "logger.", "probes.", "checkpoint_probes.", "resume", "run_dir", "allow_data_change",
+                  "out_root", "objective")
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -185,6 +186,8 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         resume_from = ckpt.resolve(tc.resume)
         old = ckpt.metadata(resume_from)
         run_dir = resume_from.parent.parent
+    elif ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
+        run_dir = Path(os.environ["BLOCKLAB_RUN_DIR"])
     else:
         run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
     train_make, val_make, tokenizer, vocab, fingerprint = _data(tc)  # validates data config
@@ -195,7 +198,9 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     if tc.model.vocab_size < vocab:
         raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
                           f"the tokenizer's vocabulary ({vocab})")
-    prepare_run_dir(run_dir, resuming=resume_from is not None)  # the first write, if all is valid
+    if not ddp_child():
+        prepare_run_dir(run_dir, resuming=resume_from is not None)  # the first write, if valid
+    os.environ["BLOCKLAB_RUN_DIR"] = str(run_dir)  # inherited by DDP child processes
     plain = plain_config(cfg)
     model_plain = model_to_dict(tc.model)
     tok_hash = hashlib.sha256(tokenizer.encode()).hexdigest()[:16]
@@ -211,10 +216,19 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         "data_fingerprint": fingerprint, "versions": versions(), "git": git_info(),
         "run_dir": str(run_dir), "created": dt.datetime.now().isoformat(timespec="seconds"),
     }
-    ckpt.clean_partial(run_dir)
-    name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
-    (run_dir / name).write_text(meta["config_yaml"])
-    return _fit(tc, run_dir, meta, train_make, val_make, resume_from)
+    if not ddp_child():
+        ckpt.clean_partial(run_dir)
+        name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
+        (run_dir / name).write_text(meta["config_yaml"])
+    try:
+        return _fit(tc, run_dir, meta, train_make, val_make, resume_from)
+    finally:
+        os.environ.pop("BLOCKLAB_RUN_DIR", None)
+
+
+def ddp_child() -> bool:
+    """True in a process Lightning's DDP launcher started (local rank > 0)."""
+    return os.environ.get("LOCAL_RANK", "0") != "0" and "BLOCKLAB_RUN_DIR" in os.environ
 
 
 def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_make,
@@ -248,7 +262,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
                             save_on_train_epoch_end=False)
     saver.FILE_EXTENSION = ""
     trainer = L.Trainer(
-        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy,
+        accelerator=t.accelerator, devices=t.devices, strategy=_strategy(t),
         num_nodes=t.num_nodes, precision=t.precision, max_steps=t.max_steps, max_epochs=-1,
         accumulate_grad_batches=t.accumulate,
         gradient_clip_val=tc.optim.grad_clip or None, val_check_interval=t.val_every_steps,
@@ -258,6 +272,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
         enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
         plugins=[BlocklabCheckpointIO()], default_root_dir=run_dir,
         deterministic=t.deterministic, enable_model_summary=False,
+        use_distributed_sampler=False,  # ResumableBatches shards by rank itself
     )
     trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
     final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
@@ -266,6 +281,20 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
     if trainer.is_global_zero:
         _summary(run_dir, trainer, lit, _final_probes(tc, meta, lit, run_dir, trainer.global_step))
     return run_dir
+
+
+def _strategy(t):
+    """Lightning strategy by name; the sharded ones get blocklab's checkpoint format and the
+    transformer block as the unit of sharding."""
+    if t.strategy == "fsdp":
+        from blocklab.train.strategies import fsdp
+
+        return fsdp()
+    if t.strategy == "model_parallel":
+        from blocklab.train.strategies import model_parallel
+
+        return model_parallel(t.devices * t.num_nodes)
+    return t.strategy
 
 
 def _probe_callbacks(tc: TrainConfig, meta: dict[str, Any], run_dir: Path) -> list:

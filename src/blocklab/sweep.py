@@ -1,0 +1,131 @@
+"""Sweeps on Hydra's own machinery (multirun, its launchers and sweepers): what blocklab adds is
+per-job isolation and a summary.
+
+- Each job trains into ``<sweep dir>/<job number>/`` and writes ``status.json`` there (``ok``,
+  ``failed`` with the one-line error, the job's overrides). A job that fails — an invalid
+  config, a data error, a crash — records its error and returns normally, so the launcher goes
+  on with the other jobs.
+- Under DDP, Lightning re-executes ``sys.argv`` in each child process; in a multirun that would
+  rerun the whole sweep in the child. :func:`job_argv` narrows ``sys.argv`` to the current
+  job's overrides for the duration of the job, and :func:`clear_distributed_env` removes the
+  rendezvous variables afterwards so the next job starts its own process group.
+- :class:`SweepSummary` (a Hydra callback, ``hydra.callbacks`` in ``configs/train.yaml``) prints
+  and writes the comparison table of the finished sweep (``blocklab-compare`` on the sweep dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
+            "LOCAL_WORLD_SIZE", "RANK", "BLOCKLAB_RUN_DIR")
+
+
+def in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def job_info() -> dict[str, Any]:
+    """The current Hydra job: number, overrides, output directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    h = HydraConfig.get()
+    return {"job": h.job.num, "overrides": list(h.overrides.task),
+            "run_dir": h.runtime.output_dir}
+
+
+def write_status(run_dir: str | Path, status: str, *, error: str | None = None,
+                 info: dict[str, Any] | None = None) -> None:
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    body = {"status": status, "error": error, **(info or {})}
+    tmp = path / "status.json.tmp"
+    tmp.write_text(json.dumps(body, indent=2))
+    tmp.replace(path / "status.json")
+
+
+@contextlib.contextmanager
+def job_argv(overrides: list[str]) -> Iterator[None]:
+    """Make ``sys.argv`` name only this job (for Lightning's DDP child processes)."""
+    saved = sys.argv[:]
+    sys.argv = [saved[0], *(o for o in overrides if not o.startswith("hydra."))]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def clear_distributed_env() -> None:
+    """Forget the last job's process group so the next job can start its own."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # pragma: no cover - best effort between jobs
+        pass
+    for key in DIST_ENV:
+        os.environ.pop(key, None)
+
+
+def run_job(fn, cfg: DictConfig, known: tuple[type[BaseException], ...]) -> float:
+    """One multirun job: train, record the outcome in ``status.json``, never raise (the
+    launcher goes on with the other jobs; the summary lists the failure). Returns the job's
+    objective value (NaN for a failed job: Optuna marks that trial failed)."""
+    import math
+
+    info = job_info()
+    write_status(info["run_dir"], "running", info=info)
+    value = math.nan
+    try:
+        with job_argv(info["overrides"]):
+            value = fn(cfg)
+    except known as e:
+        message = str(e.args[-1] if isinstance(e, OSError) and e.args else e).splitlines()[0]
+        print(f"job {info['job']} failed: {message}", file=sys.stderr)
+        write_status(info["run_dir"], "failed", error=message, info=info)
+    except Exception as e:  # a crash in one job must not take the sweep down
+        print(f"job {info['job']} crashed: {type(e).__name__}: {e}", file=sys.stderr)
+        write_status(info["run_dir"], "failed", error=f"{type(e).__name__}: {e}\n"
+                     + traceback.format_exc(), info=info)
+    else:
+        write_status(info["run_dir"], "ok", info={**info, "objective": value})
+    finally:
+        clear_distributed_env()
+    return value
+
+
+class SweepSummary(Callback):
+    """Hydra callback: after a multirun, print and write the comparison of its jobs."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        statuses = sorted(sweep_dir.glob("*/status.json"))
+        failed = [json.loads(p.read_text()) for p in statuses]
+        failed = [s for s in failed if s.get("status") != "ok"]
+        print(f"\nsweep {sweep_dir}: {len(statuses)} jobs, {len(failed)} failed", file=sys.stderr)
+        for s in failed:
+            err = (s.get("error") or "").splitlines()[0] if s.get("error") else s.get("status")
+            print(f"  job {s.get('job')} ({' '.join(s.get('overrides', []))}): {err}",
+                  file=sys.stderr)
+        if not statuses:
+            return
+        try:
+            from blocklab import compare
+
+            compare.main([str(sweep_dir)])
+        except Exception as e:  # the sweep's results are on disk either way
+            print(f"sweep summary: blocklab-compare failed: {e}", file=sys.stderr)

@@ -1,0 +1,241 @@
+"""blocklab-compare over hand-made run directories (no training)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from blocklab import compare
+
+MODEL = {"family": {"name": "decoder"}, "vocab_size": 64, "d_model": 32, "n_layers": 1,
+         "n_heads": 2, "d_ff": 64, "max_seq_len": 64, "position": {"name": "rope"}}
+HEADER = ["epoch", "step", "train/loss", "train/tokens_per_s", "val/loss"]
+
+
+def make_config(position: str = "rope", n_layers: int = 1, **top: Any) -> dict[str, Any]:
+    model = {**MODEL, "n_layers": n_layers, "position": {"name": position}}
+    return {"model": model,
+            "data": {"name": "synthetic", "seq_len": 32, "curriculum": [[0, 16], [10, 32]]},
+            "trainer": {"name": "cpu", "max_steps": 20, "progress_bar": False},
+            "logger": {"name": "csv"},
+            "probes": {"enabled": True, "needle": {"n": 8}},
+            "checkpoint_probes": {"enabled": False},
+            "seed": 0, "out_root": "outputs", "run_dir": None, "resume": None,
+            "allow_data_change": False, **top}
+
+
+def probes(within: float = 0.9, beyond: float = 0.4, eff: int | None = 32) -> dict[str, Any]:
+    def pooled(acc: float) -> dict[str, Any]:
+        return {"n": 100, "accuracy": acc, "ci_low": acc - 0.05, "ci_high": min(1.0, acc + 0.05)}
+
+    return {
+        "train_length": 32,
+        "needle": {
+            "1 distractors": {"within_train_length": pooled(1.0),
+                              "beyond_train_length": pooled(1.0), "effective_length": 64},
+            "3 distractors": {"accuracy_by_length": {"16": 1.0, "32": within, "64": None},
+                              "within_train_length": pooled(within),
+                              "beyond_train_length": pooled(beyond),
+                              "effective_length": eff, "threshold": 0.8},
+        },
+        "litm": {"kv_records/m=8": {"best_worst_gap": 0.5},
+                 "kv_records/m=16": {"best_worst_gap": 0.25, "middle_drop": 0.1},
+                 "query_aware/m=32": {"best_worst_gap": 0.9},
+                 "closed_book": {"accuracy": 0.0}, "oracle": {"accuracy": 1.0}},
+        "perplexity": [
+            {"variant": "nonoverlapping", "length": 32, "n": 10, "nll": 1.0, "ppl": 2.7,
+             "status": "ok"},
+            {"variant": "sliding", "length": 32, "n": 10, "nll": 1.0, "ppl": 2.5, "status": "ok"},
+            {"variant": "sliding", "length": 64, "n": 10, "nll": 2.0, "ppl": 7.5, "status": "ok"},
+            {"variant": "sliding", "length": 128, "n": 0, "nll": None, "ppl": None,
+             "status": "n/a: longer than max_seq_len"},
+        ],
+    }
+
+
+def make_run(root: Path, name: str, config: dict[str, Any] | None, *,
+             summary: dict[str, Any] | None = None, status: dict[str, Any] | None = None,
+             logs: list[list[list[Any]]] | None = None) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    if config is not None:
+        (d / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+    if summary is not None:
+        (d / "summary.json").write_text(json.dumps(summary))
+    if status is not None:
+        (d / "status.json").write_text(json.dumps(status))
+    for version, rows in enumerate(logs or []):
+        f = d / "logs" / f"version_{version}" / "metrics.csv"
+        f.parent.mkdir(parents=True)
+        with f.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(HEADER)
+            w.writerows(rows)
+    return d
+
+
+def summary(step: int, train: float, val: float, with_probes: dict | None = None) -> dict:
+    return {"run_dir": "x", "step": step, "tokens_seen": 1000,
+            "metrics": {"train/loss": train, "val/loss": val, "train/tokens_per_s": 12345.0},
+            "probes": with_probes, "last_checkpoint": None}
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """A multirun-like sweep: 4 jobs varying position x n_layers, nested 2 levels deep."""
+    root = tmp_path / "multirun" / "2026-01-01"
+    ok_logs = [[[0, 0, 4.0, 1000.0, ""], [0, 9, 3.0, 1100.0, ""], [0, 9, "", "", 3.2],
+                [0, 19, 2.0, 1200.0, ""], [0, 19, "", "", 2.5]]]
+    make_run(root / "12-00-00", "0", make_config("rope", 1, out_root="/a", run_dir="/a/0"),
+             summary=summary(20, 2.0, 2.5, probes(0.9, 0.4, 32)),
+             status={"status": "ok", "error": None, "job": 0, "run_dir": "x",
+                     "overrides": ["model/position=rope", "model.n_layers=1"]},
+             logs=ok_logs)
+    make_run(root / "12-00-00", "1", make_config("alibi", 1, out_root="/b", run_dir="/b/1"),
+             summary=summary(20, 1.5, 1.8, probes(0.95, 0.8, 64)),
+             status={"status": "ok", "error": None, "job": 1, "run_dir": "x",
+                     "overrides": ["model/position=alibi", "model.n_layers=1"]},
+             logs=ok_logs)
+    # job 2 crashed mid-training: config + logs (resumed once), no summary
+    make_run(root / "12-00-00", "2", make_config("rope", 2, logger={"name": "wandb"}),
+             status={"status": "failed", "job": 2, "run_dir": "x",
+                     "error": "RuntimeError: CUDA out of memory. " + "x" * 200 + "\nTraceback..",
+                     "overrides": ["model/position=rope", "model.n_layers=2"]},
+             logs=[[[0, 0, 4.0, 900.0, ""], [0, 9, 3.5, 900.0, ""], [0, 14, 3.4, 900.0, ""]],
+                   [[0, 9, 3.3, 950.0, ""], [0, 9, "", "", 3.6], [0, 12, 3.1, 950.0, ""]]])
+    # job 3 still running / never reached status: only config.yaml
+    make_run(root / "12-00-00", "3", make_config("alibi", 2))
+    return tmp_path / "multirun"
+
+
+def test_varied_keys_exact_and_bookkeeping_ignored() -> None:
+    a = make_config("rope", 1, out_root="/x", run_dir="/x/1", resume="/x/1/ckpt")
+    b = make_config("alibi", 2, out_root="/y", run_dir="/y/2", allow_data_change=True)
+    b["logger"] = {"name": "wandb", "project": "p"}
+    b["probes"] = {"enabled": False}
+    b["checkpoint_probes"] = {"enabled": True, "name": "coarse"}
+    b["trainer"] = {**b["trainer"], "progress_bar": True}
+    b["data"] = {**b["data"], "curriculum": [[0, 32]]}
+    c = make_config("rope", 1, probes={})  # probes collapsed to an empty mapping
+    assert compare.varied_keys([a, b, c]) == ["model.n_layers", "model.position.name",
+                                              "data.curriculum"]
+    assert compare.varied_keys([a]) == []
+    assert compare.varied_keys([a, make_config("rope", 1)]) == []
+    # a key missing from one config counts as varied
+    d = make_config("rope", 1)
+    d["model"] = {**d["model"], "d_head": 16}
+    assert compare.varied_keys([a, d]) == ["model.d_head"]
+
+
+def test_collect_sweep(sweep: Path) -> None:
+    rows = compare.collect([sweep])
+    assert [r["run"] for r in rows] == ["job 0", "job 1", "job 2", "3"]
+    assert rows[0]["axes"] == ["model.n_layers", "model.position.name"]
+    assert [r["model.position.name"] for r in rows] == ["rope", "alibi", "rope", "alibi"]
+    assert rows[1]["label"] == "n_layers=1, position=alibi"
+    ok, alibi, failed, running = rows
+    assert ok["params"] == compare.count_params(MODEL) > 0
+    assert failed["params"] > ok["params"]
+    assert (ok["status"], ok["step"], ok["train_loss"], ok["val_loss"]) == ("ok", 20, 2.0, 2.5)
+    assert ok["tokens_per_s"] == 12345.0
+    # probe headlines come from the variant with the most distractors / the largest m
+    assert (ok["needle_in"], ok["needle_beyond"], ok["eff_len"]) == (0.9, 0.4, 32)
+    assert ok["needle_variant"] == "3 distractors"
+    assert ok["copy_any_value"] == pytest.approx(0.25)
+    assert ok["needle_in_ci"] == pytest.approx((0.85, 0.95))
+    assert ok["litm_gap"] == 0.25
+    assert (ok["ppl_L"], ok["ppl_max"], ok["ppl_max_len"]) == (2.5, 7.5, 64)
+    assert alibi["needle_beyond"] == 0.8
+    # the failed job: its status and the first line of its error, 80 chars at most
+    assert failed["status"] == "failed"
+    assert failed["error"].startswith("RuntimeError: CUDA out of memory.")
+    assert len(failed["error"]) == 80 and "Traceback" not in failed["error"]
+    # resumed logs: versions concatenated, the later row wins for a repeated step
+    assert failed["curves"]["train/loss"] == [(0, 4.0), (9, 3.3), (12, 3.1), (14, 3.4)]
+    assert failed["curves"]["val/loss"] == [(9, 3.6)]
+    assert (failed["step"], failed["train_loss"], failed["val_loss"]) == (14, 3.4, 3.6)
+    assert failed["needle_in"] is None
+    # a job that left only its config is listed as incomplete
+    assert running["status"] == "incomplete"
+    assert running["step"] is None and running["train_loss"] is None
+    assert running["model.n_layers"] == 2
+
+
+def test_find_runs_depth_and_no_descent(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "a" / "b", "run", make_config())
+    ckpt = run / "checkpoints" / "step-000010"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.yaml").write_text("model: {}\n")
+    make_run(tmp_path / "a" / "b" / "c", "too_deep", make_config())
+    make_run(tmp_path / "a" / ".hydra", "hidden", make_config())
+    assert compare.find_runs(tmp_path) == [run]
+    assert compare.find_runs(run) == [run]
+
+
+def test_cli_writes_outputs(sweep: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "report"
+    assert compare.main([str(sweep), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    lines = printed.strip().splitlines()
+    assert lines[0].startswith("| run | model.n_layers | model.position.name | params | status")
+    assert "ppl_L" in lines[0] and "needle_in" in lines[0]
+    assert len(lines) == 2 + 4
+    assert "| job 2 | 2 | rope |" in printed and "| failed |" in printed
+    assert "| incomplete |" in printed
+    assert "| 0.9 | 0.4 | 32 | 0.25 |" in printed
+    for name in ("compare.csv", "compare.md", "loss_curves.png", "probe_accuracy.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "loss_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with (out / "compare.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["run"] for r in rows] == ["job 0", "job 1", "job 2", "3"]
+    assert rows[1]["val_loss"] == "1.8" and rows[3]["val_loss"] == ""
+    assert rows[2]["status"] == "failed" and rows[2]["error"].startswith("RuntimeError")
+    md = (out / "compare.md").read_text()
+    assert "| job 1 |" in md and "![loss_curves](loss_curves.png)" in md
+
+
+def test_cli_sort_and_default_out(sweep: Path, capsys: pytest.CaptureFixture) -> None:
+    assert compare.main([str(sweep), "--sort", "val_loss", "--no-plots"]) == 0
+    body = capsys.readouterr().out.strip().splitlines()[2:]
+    assert [ln.split(" | ")[0] for ln in body] == ["| job 1", "| job 0", "| job 2", "| 3"]
+    assert (sweep / "compare.csv").exists() and not (sweep / "loss_curves.png").exists()
+    assert compare.main([str(sweep), "--sort=-val_loss", "--no-plots"]) == 0
+    body = capsys.readouterr().out.strip().splitlines()[2:]
+    assert [ln.split(" | ")[0] for ln in body] == ["| job 2", "| job 0", "| job 1", "| 3"]
+    assert compare.main([str(sweep), "--sort", "nope", "--no-plots"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_missing_path_and_empty_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    missing = tmp_path / "does-not-exist"
+    assert compare.main([str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and err.count("\n") == 1
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    assert compare.main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "empty") in err and err.count("\n") == 1
+
+
+def test_several_paths_no_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture) -> None:
+    a = make_run(tmp_path, "a", make_config(n_layers=1), summary=summary(5, 1.0, 1.1),
+                 logs=[[[0, 1, 2.0, 10.0, ""], [0, 5, 1.0, 10.0, 1.1]]])
+    b = make_run(tmp_path, "b", {**make_config(n_layers=1), "model": {"vocab_size": -1}})
+    monkeypatch.chdir(tmp_path)
+    assert compare.main([str(a), str(b), str(a)]) == 0  # duplicates listed once
+    captured = capsys.readouterr()
+    assert "probe_accuracy.png" in captured.err and "skip" in captured.err
+    rows = [ln for ln in captured.out.splitlines() if ln.startswith("| a") or ln.startswith("| b")]
+    assert len(rows) == 2
+    assert "ppl_L" not in captured.out  # optional columns only when some run has them
+    (out,) = (tmp_path / "outputs").glob("compare_*")
+    assert (out / "loss_curves.png").exists() and not (out / "probe_accuracy.png").exists()
+    rows = compare.collect([a, b])
+    assert rows[1]["params"] is None  # an invalid model config leaves params blank

@@ -1,0 +1,83 @@
+"""Sweeps run on Hydra's machinery, as users launch them (CLI subprocesses): a failing job
+records its error and the others finish; the summary lists it and writes the comparison;
+parallel local jobs (joblib), submitit's local executor (the SLURM code path), the Optuna
+sweeper, and multirun + DDP, where each job's child process reruns only that job."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from train.test_train_cli import cli
+
+pytestmark = pytest.mark.slow
+
+SMOKE = ["experiment=smoke", "probes=none", "trainer.progress_bar=false"]
+
+
+def sweep_dir(out: Path) -> Path:
+    (d,) = (out / "smoke").iterdir()  # exactly one sweep directory
+    return d
+
+
+def statuses(d: Path) -> dict[int, dict]:
+    return {int(p.parent.name): json.loads(p.read_text()) for p in d.glob("*/status.json")}
+
+
+def test_a_failing_job_is_reported_and_the_others_finish_in_parallel(tmp_path):
+    r = cli("-m", "hydra/launcher=parallel", *SMOKE, f"out_root={tmp_path}",
+            "model/position=rope,alibi", "model.n_heads=4,3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = sweep_dir(tmp_path)
+    st = statuses(d)
+    assert {k: v["status"] for k, v in st.items()} == {0: "ok", 1: "failed", 2: "ok", 3: "failed"}
+    assert "model.n_heads=3: must divide d_model=128" in st[1]["error"]
+    assert "4 jobs, 2 failed" in r.stderr and "job 3 (" in r.stderr
+    rows = list(csv.DictReader((d / "compare.csv").open()))
+    assert len(rows) == 4 and (d / "loss_curves.png").stat().st_size > 0
+    ok = {row["model.position.name"] for row in rows if row["status"] == "ok"}
+    assert ok == {"rope", "alibi"}
+    assert all(math.isfinite(v["objective"]) for v in st.values() if v["status"] == "ok")
+
+
+def test_submitit_local_executor_runs_the_jobs(tmp_path):
+    r = cli("-m", "hydra/launcher=local", *SMOKE, f"out_root={tmp_path}",
+            "model/norm=layernorm,rmsnorm")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = sweep_dir(tmp_path)
+    assert {k: v["status"] for k, v in statuses(d).items()} == {0: "ok", 1: "ok"}
+    assert list((d / ".submitit").iterdir())  # went through submitit's job protocol
+    norms = {yaml.safe_load((d / f"{j}/config.yaml").read_text())["model"]["norm"]["name"]
+             for j in (0, 1)}
+    assert norms == {"layernorm", "rmsnorm"}
+
+
+def test_optuna_sweeper_minimizes_the_objective(tmp_path):
+    r = cli("-m", "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=2", *SMOKE,
+            f"out_root={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = sweep_dir(tmp_path)
+    result = yaml.safe_load((d / "optimization_results.yaml").read_text())
+    st = statuses(d)
+    values = {j: s["objective"] for j, s in st.items()}
+    assert len(values) == 2 and result["best_value"] == pytest.approx(min(values.values()))
+    lrs = {yaml.safe_load((d / f"{j}/config.yaml").read_text())["optim"]["lr"] for j in st}
+    assert len(lrs) == 2  # two different learning rates tried
+
+
+def test_multirun_with_ddp_runs_each_job_once(tmp_path):
+    r = cli("-m", "trainer=ddp", *SMOKE, f"out_root={tmp_path}", "model/position=rope,alibi")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = sweep_dir(tmp_path)  # a child rerunning the sweep would add sweep directories
+    assert sorted(p.name for p in d.iterdir() if p.is_dir()) == ["0", "1"]
+    assert {k: v["status"] for k, v in statuses(d).items()} == {0: "ok", 1: "ok"}
+    for job, position in ((0, "rope"), (1, "alibi")):
+        cfg = yaml.safe_load((d / f"{job}/config.yaml").read_text())
+        assert cfg["model"]["position"]["name"] == position and cfg["trainer"]["devices"] == 2
+        assert len(list((d / f"{job}/logs").iterdir())) == 1  # one launch, one log version
+        assert (d / f"{job}/checkpoints/step-000020").is_dir()
