@@ -52,17 +52,18 @@ def _run(fn, cfg: DictConfig):
     from blocklab.checkpoint import CheckpointError, StorageError
     from blocklab.data.text import DataError
     from blocklab.sweep import in_multirun, run_job
+    from blocklab.train.run import Preempted
 
     if in_multirun():  # a failing job records its error; the sweep goes on
         return run_job(fn, cfg, (OmegaConfBaseException, ConfigError, CheckpointError,
-                                 StorageError, DataError, FloatingPointError))
+                                 StorageError, DataError, FloatingPointError, Preempted))
     try:
         return fn(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         print(f"config error: {key}: {str(e).splitlines()[0]}", file=sys.stderr)
         sys.exit(ConfigError.exit_code)
-    except (ConfigError, CheckpointError, StorageError, DataError) as e:
+    except (ConfigError, CheckpointError, StorageError, DataError, Preempted) as e:
         print(str(e.args[-1] if isinstance(e, OSError) else e), file=sys.stderr)
         sys.exit(e.exit_code)
     except FloatingPointError as e:

@@ -27,6 +27,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from blocklab.eval.plots import finite_float, finite_int
+from blocklab.train.run import flatten
+
 MAX_DEPTH = 3
 RUN_MARKERS = ("config.yaml", "status.json")
 
@@ -55,22 +58,6 @@ class CompareError(ValueError):
 # --------------------------------------------------------------------------- small helpers
 
 
-def _num(value: Any) -> float | None:
-    """A finite float, or None for missing / empty / unparsable / non-finite values."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
-def _int(value: Any) -> int | None:
-    out = _num(value)
-    return None if out is None else round(out)
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     """A JSON object from ``path``; None when missing, half-written or not an object."""
     try:
@@ -90,18 +77,6 @@ def _read_config(path: Path) -> dict[str, Any] | None:
     except Exception:  # unreadable / half-written YAML: list the run without a config
         return None
     return data if isinstance(data, dict) else None
-
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Dotted keys -> leaf values (lists and empty mappings are leaves)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def is_bookkeeping(key: str) -> bool:
@@ -199,13 +174,13 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
         try:
             with f.open(newline="") as fh:
                 for row in csv.DictReader(fh):
-                    step = _int(row.get("step"))
+                    step = finite_int(row.get("step"))
                     if step is None:
                         continue
                     for col, cell in row.items():
                         if col in (None, "step", "epoch"):
                             continue
-                        v = _num(cell)
+                        v = finite_float(cell)
                         if v is not None:
                             series.setdefault(col, {})[step] = v
         except (OSError, csv.Error, UnicodeDecodeError):
@@ -239,16 +214,16 @@ def needle_headline(probes: Mapping[str, Any] | None) -> dict[str, Any]:
     within = s.get("within_train_length") or {}
     beyond = s.get("beyond_train_length") or {}
     k = _distractors(name)
-    copy = _num(s.get("copy_any_value"))
+    copy = finite_float(s.get("copy_any_value"))
     if copy is None and k is not None:
         copy = 1 / (k + 1)
     return {
         "needle_variant": name,
-        "needle_in": _num(within.get("accuracy")),
-        "needle_in_ci": (_num(within.get("ci_low")), _num(within.get("ci_high"))),
-        "needle_beyond": _num(beyond.get("accuracy")),
-        "needle_beyond_ci": (_num(beyond.get("ci_low")), _num(beyond.get("ci_high"))),
-        "eff_len": _int(s.get("effective_length")),
+        "needle_in": finite_float(within.get("accuracy")),
+        "needle_in_ci": (finite_float(within.get("ci_low")), finite_float(within.get("ci_high"))),
+        "needle_beyond": finite_float(beyond.get("accuracy")),
+        "needle_beyond_ci": (finite_float(beyond.get("ci_low")), finite_float(beyond.get("ci_high"))),
+        "eff_len": finite_int(s.get("effective_length")),
         "copy_any_value": copy,
     }
 
@@ -265,7 +240,7 @@ def litm_gap(probes: Mapping[str, Any] | None) -> float | None:
             curves.append((int(m.group(1)), v))
     if not curves:
         return None
-    return _num(max(curves, key=lambda c: c[0])[1].get("best_worst_gap"))
+    return finite_float(max(curves, key=lambda c: c[0])[1].get("best_worst_gap"))
 
 
 def sliding_ppl(probes: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -274,12 +249,12 @@ def sliding_ppl(probes: Mapping[str, Any] | None) -> dict[str, Any]:
     rows = (probes or {}).get("perplexity")
     if not isinstance(rows, list):
         return {}
-    sliding = [(_int(r.get("length")), _num(r.get("ppl"))) for r in rows
+    sliding = [(finite_int(r.get("length")), finite_float(r.get("ppl"))) for r in rows
                if isinstance(r, Mapping) and r.get("variant") == "sliding"]
     sliding = [(n, p) for n, p in sliding if n is not None and p is not None]
     if not sliding:
         return {}
-    train_length = _int((probes or {}).get("train_length"))
+    train_length = finite_int((probes or {}).get("train_length"))
     at_train = [p for n, p in sliding if n == train_length]
     n_max, p_max = max(sliding)
     return {"ppl_L": at_train[-1] if at_train else None, "ppl_max": p_max,
@@ -329,7 +304,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     probes = (summary or {}).get("probes")
     probes = probes if isinstance(probes, Mapping) else None
 
-    job = _int((status or {}).get("job"))
+    job = finite_int((status or {}).get("job"))
     if status and status.get("status"):
         state = str(status["status"])
     else:
@@ -341,10 +316,10 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         run = name
 
     def final(summary_key: str) -> float | None:
-        v = _num(metrics.get(summary_key))
+        v = finite_float(metrics.get(summary_key))
         return v if v is not None else _last(curves.get(summary_key))
 
-    step = _int((summary or {}).get("step"))
+    step = finite_int((summary or {}).get("step"))
     if step is None:
         steps = [c[-1][0] for c in curves.values() if c]
         step = max(steps) if steps else None
@@ -457,7 +432,7 @@ def sort_rows(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
 
     def key(r: Mapping[str, Any]) -> tuple:
         v = r.get(col)
-        n = _num(v)
+        n = finite_float(v)
         return (0, n, "") if n is not None else (1, 0.0, show_value(v))
 
     present.sort(key=key, reverse=desc)
@@ -467,8 +442,8 @@ def sort_rows(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
 def _cell_md(value: Any, column: str) -> str:
     if value is None or value == "":
         return "-"
-    if column in ("params", "step", "eff_len") and _int(value) is not None:
-        text = str(_int(value))
+    if column in ("params", "step", "eff_len") and finite_int(value) is not None:
+        text = str(finite_int(value))
     elif isinstance(value, float):
         text = fmt_float(value)
     else:
@@ -487,8 +462,8 @@ def _cell_csv(value: Any) -> Any:
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     cols = list(columns or table_columns(rows))
     numeric = {c for c in cols
-               if any(_num(r.get(c)) is not None for r in rows)
-               and all(r.get(c) is None or _num(r.get(c)) is not None for r in rows)}
+               if any(finite_float(r.get(c)) is not None for r in rows)
+               and all(r.get(c) is None or finite_float(r.get(c)) is not None for r in rows)}
     lines = ["| " + " | ".join(cols) + " |",
              "|" + "|".join("---:" if c in numeric else "---" for c in cols) + "|"]
     lines += ["| " + " | ".join(_cell_md(r.get(c), c) for c in cols) + " |" for r in rows]

@@ -58,3 +58,28 @@ def test_training_is_identical_with_and_without_probes_on_checkpoints(tmp_path, 
     noisy = train(tmp_path, "noisy", "probes@checkpoint_probes=coarse")
     c = losses(noisy)
     assert c[:10] == a[:10] and c[10:] != a[10:]
+
+
+def test_a_failing_probe_is_reported_and_training_continues(tmp_path, monkeypatch):
+    """Policy: log and continue. The run finishes, its losses equal a run without probes, every
+    checkpoint is written, and the error is kept next to the probe results."""
+    from blocklab.eval import callback
+
+    real = callback.ProbeCallback.__init__
+
+    def failing_init(self, *a, **kw):
+        real(self, *a, **kw)
+
+        def boom(model, *a, **kw):
+            model.eval()  # fail half-way, with the model switched to eval mode
+            raise RuntimeError("probe exploded")
+
+        self.run = boom
+
+    monkeypatch.setattr(callback.ProbeCallback, "__init__", failing_init)
+    failing = train(tmp_path, "failing", "probes@checkpoint_probes=coarse")
+    plain = train(tmp_path, "plain", "probes@checkpoint_probes=none")
+    assert losses(failing) == losses(plain)  # train mode restored: dropout still on
+    assert (failing / "checkpoints" / "step-000020").is_dir()
+    for step in (10, 20):
+        assert "probe exploded" in (failing / f"probes/step-{step:06d}/probe_error.txt").read_text()

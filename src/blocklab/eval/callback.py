@@ -5,11 +5,14 @@ The callback runs the (coarse) probe spec when Lightning saves a checkpoint, on 
 functions of the probe seed — nothing draws from the global random generators — so training
 is bit-identical with and without the callback (tested, with dropout on). Results go to
 ``<run dir>/probes/step-NNNNNN/<spec>-<hash>/`` and a few headline numbers to the loggers.
+A probe that raises is reported (a warning, and ``probe_error.txt`` beside its results) and
+training continues unchanged; the checkpoint is written as usual.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ class ProbeCallback(L.Callback):
         self.spec, self.tc, self.meta, self.run_dir = spec, tc, meta, Path(run_dir)
         self.run, self.verbose = run, verbose
         self.done: set[int] = set()
+        self.errors: list[tuple[int, str]] = []
         self.last: dict[str, Any] | None = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -52,9 +56,21 @@ class ProbeCallback(L.Callback):
             return
         self.done.add(step)
         name = f"step-{step:06d}"
-        result = self.run(pl_module.model, self.tc, self.meta, self.spec, step=step,
-                          checkpoint=name, out_dir=probe_dir(self.run_dir, name, self.spec),
-                          plots=True)
+        out_dir = probe_dir(self.run_dir, name, self.spec)
+        was_training = pl_module.model.training
+        try:
+            result = self.run(pl_module.model, self.tc, self.meta, self.spec, step=step,
+                              checkpoint=name, out_dir=out_dir, plots=True)
+        except Exception as e:
+            # Policy: a failing probe never stops training or touches its state. The
+            # checkpoint is written as usual; the error is printed and kept next to it.
+            pl_module.model.train(was_training)
+            self.errors.append((step, f"{type(e).__name__}: {e}"))
+            print(f"warning: probes at step {step} failed ({type(e).__name__}: {e}); training "
+                  f"continues, details in {out_dir.parent / 'probe_error.txt'}", file=sys.stderr)
+            out_dir.parent.mkdir(parents=True, exist_ok=True)
+            (out_dir.parent / "probe_error.txt").write_text(traceback.format_exc())
+            return
         if result is None:
             return
         self.last = result.summary

@@ -27,7 +27,7 @@ Cell = Mapping[str, Any]
 # --------------------------------------------------------------------------- helpers
 
 
-def _num(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
     """A finite float, or None for missing / N/A / unparsable values."""
     if value is None or isinstance(value, bool):
         return None
@@ -38,14 +38,14 @@ def _num(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
-def _int(value: Any) -> int | None:
-    out = _num(value)
+def finite_int(value: Any) -> int | None:
+    out = finite_float(value)
     return None if out is None else round(out)
 
 
 def _is_na(cell: Cell, key: str = "accuracy") -> bool:
     status = str(cell.get("status") or "").strip().lower()
-    return status.startswith("n/a") or _num(cell.get(key)) is None
+    return status.startswith("n/a") or finite_float(cell.get(key)) is None
 
 
 def _select(cells: Iterable[Cell], probe: str) -> list[Cell]:
@@ -74,7 +74,7 @@ def _first_values(rows: Iterable[Cell], key: str) -> list[float]:
     """Distinct non-missing values of ``key``, in order of first appearance."""
     seen: list[float] = []
     for r in rows:
-        v = _num(r.get(key))
+        v = finite_float(r.get(key))
         if v is not None and not any(math.isclose(v, s, rel_tol=1e-9) for s in seen):
             seen.append(v)
     return seen
@@ -121,10 +121,10 @@ def plot_niah(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     from matplotlib.patches import Rectangle
 
     rows = _select(cells, "needle")
-    lengths = sorted({n for r in rows if (n := _int(r.get("length"))) is not None})
+    lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None})
     if not lengths:
         raise ValueError("needle cells carry no 'length' to plot")
-    depth_keys = sorted({_num(r.get("depth")) for r in rows},
+    depth_keys = sorted({finite_float(r.get("depth")) for r in rows},
                         key=lambda d: (d is None, d if d is not None else 0.0))
     variants = list(dict.fromkeys(_variant(r) for r in rows))
     col = {n: j for j, n in enumerate(lengths)}
@@ -154,15 +154,15 @@ def plot_niah(cells: Iterable[Cell], path: str | os.PathLike[str], *,
 
     image = None
     for ax, variant in zip(axes, variants):
-        vrows = [r for r in rows if _variant(r) == variant and _int(r.get("length")) is not None]
+        vrows = [r for r in rows if _variant(r) == variant and finite_int(r.get("length")) is not None]
         groups: dict[tuple[int, int], list[Cell]] = defaultdict(list)
         for r in vrows:
-            groups[(row_of[_num(r.get("depth"))], col[_int(r.get("length"))])].append(r)
+            groups[(row_of[finite_float(r.get("depth"))], col[finite_int(r.get("length"))])].append(r)
         acc = np.full((n_rows, n_cols), np.nan)
         state = np.zeros((n_rows, n_cols), dtype=int)  # 0 absent, 1 value, 2 N/A
         for (i, j), grp in groups.items():
             ok = [g for g in grp if not _is_na(g)]
-            mean = _mean((_num(g.get("accuracy")) for g in ok), (_num(g.get("n")) for g in ok))
+            mean = _mean((finite_float(g.get("accuracy")) for g in ok), (finite_float(g.get("n")) for g in ok))
             if mean is None:
                 state[i, j] = 2
             else:
@@ -233,7 +233,7 @@ def plot_litm(cells: Iterable[Cell], path: str | os.PathLike[str], *, title: str
     rows = _select(cells, "litm")
     curve_variants = ("kv_records", "query_aware")
     curve_rows = [r for r in rows if _variant(r) in curve_variants]
-    ms = sorted({m for r in curve_rows if (m := _int(r.get("n_records"))) is not None})
+    ms = sorted({m for r in curve_rows if (m := finite_int(r.get("n_records"))) is not None})
     palette = colormaps["tab10"].colors
     colour = {m: palette[k % len(palette)] for k, m in enumerate(ms)}
     style = {"kv_records": ("-", "o", -0.006), "query_aware": ("--", "s", 0.006)}
@@ -246,19 +246,19 @@ def plot_litm(cells: Iterable[Cell], path: str | os.PathLike[str], *, title: str
         for m in ms:
             groups: dict[float, list[Cell]] = defaultdict(list)
             for r in curve_rows:
-                pos = _int(r.get("gold_position"))
-                if _variant(r) != variant or _int(r.get("n_records")) != m or pos is None:
+                pos = finite_int(r.get("gold_position"))
+                if _variant(r) != variant or finite_int(r.get("n_records")) != m or pos is None:
                     continue
                 groups[pos / (m - 1) if m > 1 else 0.0].append(r)
             xs, ys, lo_err, hi_err = [], [], [], []
             for x in sorted(groups):
                 ok = [g for g in groups[x] if not _is_na(g)]
-                w = [_num(g.get("n")) for g in ok]
-                y = _mean((_num(g.get("accuracy")) for g in ok), w)
+                w = [finite_float(g.get("n")) for g in ok]
+                y = _mean((finite_float(g.get("accuracy")) for g in ok), w)
                 if y is None:
                     continue
-                lo = _mean((_num(g.get("ci_low")) for g in ok), w)
-                hi = _mean((_num(g.get("ci_high")) for g in ok), w)
+                lo = _mean((finite_float(g.get("ci_low")) for g in ok), w)
+                hi = _mean((finite_float(g.get("ci_high")) for g in ok), w)
                 xs.append(x + dx)
                 ys.append(y)
                 lo_err.append(max(0.0, y - lo) if lo is not None else 0.0)
@@ -273,14 +273,14 @@ def plot_litm(cells: Iterable[Cell], path: str | os.PathLike[str], *, title: str
     refs = [("oracle", "black", "-."), ("closed_book", "dimgray", "--")]
     for variant, c, ls in refs:
         ok = [r for r in rows if _variant(r) == variant and not _is_na(r)]
-        mean = _mean((_num(r.get("accuracy")) for r in ok), (_num(r.get("n")) for r in ok))
+        mean = _mean((finite_float(r.get("accuracy")) for r in ok), (finite_float(r.get("n")) for r in ok))
         if mean is not None:
             plotted = True
             ax.axhline(mean, color=c, linestyle=ls, linewidth=1.4,
                        label=f"{variant} (mean {mean:.2f})")
 
     for m in ms:
-        vals = _first_values((r for r in curve_rows if _int(r.get("n_records")) == m),
+        vals = _first_values((r for r in curve_rows if finite_int(r.get("n_records")) == m),
                              "copy_any_value")
         if vals:
             ax.axhline(vals[0], color=colour[m], linestyle=":", linewidth=1.6,
@@ -291,7 +291,7 @@ def plot_litm(cells: Iterable[Cell], path: str | os.PathLike[str], *, title: str
                    label=f"chance ({chances[0]:.3f})")
     else:
         for m in ms:
-            vals = _first_values((r for r in rows if _int(r.get("n_records")) == m), "chance")
+            vals = _first_values((r for r in rows if finite_int(r.get("n_records")) == m), "chance")
             if vals:
                 ax.axhline(vals[0], color=colour[m], linestyle=(0, (1, 3)), linewidth=1.0,
                            alpha=0.7, label=f"chance, m={m} ({vals[0]:.3f})")
@@ -321,7 +321,7 @@ def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     from matplotlib.ticker import LogFormatter, NullFormatter, NullLocator
 
     rows = _select(cells, "perplexity")
-    lengths = sorted({n for r in rows if (n := _int(r.get("length"))) is not None and n > 0})
+    lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None and n > 0})
     if not lengths:
         raise ValueError("perplexity cells carry no positive 'length' to plot")
     variants = list(dict.fromkeys(_variant(r) for r in rows))
@@ -334,9 +334,9 @@ def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     for k, variant in enumerate(variants):
         ys = []
         for n in lengths:
-            grp = [r for r in rows if _variant(r) == variant and _int(r.get("length")) == n
+            grp = [r for r in rows if _variant(r) == variant and finite_int(r.get("length")) == n
                    and not _is_na(r, "ppl")]
-            vals = [p for r in grp if (p := _num(r.get("ppl"))) is not None and p > 0]
+            vals = [p for r in grp if (p := finite_float(r.get("ppl"))) is not None and p > 0]
             ys.append(_mean(vals) if vals else math.nan)
         if all(math.isnan(y) for y in ys):
             continue

@@ -241,6 +241,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
     from blocklab.model.estimate import estimate
     from blocklab.train.checkpoint_io import BlocklabCheckpointIO
     from blocklab.train.module import LitModel
+    from blocklab.train.preemption import Preemption
 
     t = tc.trainer
     if t.threads:
@@ -267,20 +268,35 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
         accumulate_grad_batches=t.accumulate,
         gradient_clip_val=tc.optim.grad_clip or None, val_check_interval=t.val_every_steps,
         check_val_every_n_epoch=None, log_every_n_steps=t.log_every_steps,
-        callbacks=[saver, *_probe_callbacks(tc, meta, run_dir), *_progress(t.progress_bar)],
+        callbacks=[Preemption(run_dir), saver, *_probe_callbacks(tc, meta, run_dir),
+                   *_progress(t.progress_bar)],
         logger=_loggers(tc, run_dir),
         enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
         plugins=[BlocklabCheckpointIO()], default_root_dir=run_dir,
         deterministic=t.deterministic, enable_model_summary=False,
         use_distributed_sampler=False,  # ResumableBatches shards by rank itself
     )
-    trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
+    except SIGTERMException:
+        raise Preempted(f"preempted (SIGTERM) after step {trainer.global_step}: checkpoint "
+                        f"{run_dir / 'checkpoints' / f'step-{trainer.global_step:06d}'} written; "
+                        f"resume exactly with: blocklab-train resume={run_dir}") from None
     final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
     if not final.exists():
-        trainer.save_checkpoint(final)
+        trainer.save_checkpoint(final, weights_only=False)  # full training state
     if trainer.is_global_zero:
         _summary(run_dir, trainer, lit, _final_probes(tc, meta, lit, run_dir, trainer.global_step))
     return run_dir
+
+
+class Preempted(RuntimeError):
+    """SIGTERM (e.g. a cluster preempting the job): the step finished, a checkpoint was
+    written, and the run can be resumed exactly (exit code 7)."""
+
+    exit_code = 7
 
 
 def _strategy(t):
@@ -316,10 +332,14 @@ def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, ste
 
     threads = torch.get_num_threads()
     torch.set_num_threads(max(threads, min(os.cpu_count() or 1, 8)))
+    name = f"step-{step:06d}"
     try:
-        name = f"step-{step:06d}"
         return probe_model(lit.model, tc, meta, tc.probes, step=step, checkpoint=name,
                            out_dir=probe_dir(run_dir, name, tc.probes))
+    except Exception as e:  # the trained model and its checkpoint are already safe
+        print(f"warning: final probes failed ({type(e).__name__}: {e}); rerun them with "
+              f"blocklab-eval ckpt={run_dir / 'checkpoints' / name}", file=sys.stderr)
+        return None
     finally:
         torch.set_num_threads(threads)
 
