@@ -215,6 +215,7 @@ class DataConfig:
     text_key: str = "text"
     val_fraction: float = 0.02
     long_documents: str = "split"  # split | truncate
+    utf8_errors: str = "replace"  # replace (and count) | strict (fail naming file and offset)
     mlm_probability: float = 0.15  # encoder family: fraction of tokens masked
 
 

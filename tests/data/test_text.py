@@ -152,6 +152,13 @@ def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
     bad = next(d for d in docs if d.startswith("ab"))
     assert "\ufffd" in bad and bad.endswith("cd \ufffd( ok\n")
     assert stats.documents == 2
+    assert stats.invalid_utf8 == bad.count("\ufffd") == 3  # \xff, \xfe, the cut-off \xc3
+
+
+def test_invalid_utf8_in_strict_mode_names_file_and_offset(tmp_path: Path) -> None:
+    files = [write(tmp_path / "good.txt", "fine\n"), write(tmp_path / "bad.txt", b"ab\xffcd\n")]
+    with pytest.raises(DataError, match=r"bad.txt: invalid UTF-8 at byte offset 2 \(1 invalid"):
+        load_documents(text_cfg(files, utf8_errors="strict"), files)
 
 
 def test_json_records_with_text_key(tmp_path: Path) -> None:

@@ -64,17 +64,44 @@ class Stats:
     split_documents: int = 0
     truncated_documents: int = 0
     tokens: int = 0
+    invalid_utf8: int = 0  # byte sequences replaced by U+FFFD (plain-text files)
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def invalid_utf8(path: Path) -> tuple[int, int | None]:
+    """(number of invalid UTF-8 sequences, byte offset of the first) in a file."""
+    found: list[int] = []
+
+    def count(e: UnicodeDecodeError) -> tuple[str, int]:
+        found.append(e.start)
+        return "\ufffd", e.end
+
+    import codecs
+
+    codecs.register_error("blocklab-count", count)
+    path.read_bytes().decode("utf-8", errors="blocklab-count")
+    return len(found), (found[0] if found else None)
 
 
 def load_documents(cfg: DataConfig, files: list[Path]) -> tuple[list[str], Stats]:
     """One string per document: a whole file for plain text, a record's ``text_key`` for
-    json/parquet. Invalid UTF-8 is replaced (and so never crashes a run)."""
+    json/parquet. Invalid UTF-8 in plain text is replaced and counted (``Stats.invalid_utf8``),
+    or with ``data.utf8_errors=strict`` refused naming the file and byte offset."""
     from datasets import load_dataset
 
+    if cfg.utf8_errors not in ("replace", "strict"):
+        raise ConfigError(f"config error: data.utf8_errors={cfg.utf8_errors!r}: one of "
+                          "replace, strict")
     kwargs: dict[str, Any] = {}
+    bad = 0
     if cfg.format == "text":
         kwargs = {"sample_by": "document", "encoding_errors": "replace"}
+        for f in files:
+            n, first = invalid_utf8(f)
+            if n and cfg.utf8_errors == "strict":
+                raise DataError(f"data error: {f}: invalid UTF-8 at byte offset {first} "
+                                f"({n} invalid sequences; data.utf8_errors=strict)")
+            bad += n
     try:
         ds = load_dataset(cfg.format, data_files=[str(f) for f in files], split="train", **kwargs)
     except Exception as e:  # datasets raises many types for bad files
@@ -84,7 +111,7 @@ def load_documents(cfg: DataConfig, files: list[Path]) -> tuple[list[str], Stats
     if key not in ds.column_names:
         raise DataError(f"data error: data.text_key={key!r}: not a column of {files[0]} "
                         f"(columns: {', '.join(ds.column_names)})")
-    stats = Stats()
+    stats = Stats(invalid_utf8=bad)
     docs = []
     for text in ds[key]:
         if not text or not str(text).strip():

@@ -151,7 +151,8 @@ def _data(tc: TrainConfig):
 
         train_make, val_make, tokenizer, fingerprint, stats = text_data(tc.data, tc.tokenizer)
         print(f"data: {stats.documents} documents ({stats.empty_dropped} empty dropped, "
-              f"{stats.split_documents} split, {stats.truncated_documents} truncated), "
+              f"{stats.split_documents} split, {stats.truncated_documents} truncated, "
+              f"{stats.invalid_utf8} invalid UTF-8 sequences replaced), "
               f"{stats.tokens:,} tokens in {stats.pieces} pieces", file=sys.stderr)
         from tokenizers import Tokenizer
 
