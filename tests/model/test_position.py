@@ -100,8 +100,8 @@ def _scores(rope: RoPE, q: torch.Tensor, k: torch.Tensor, pairs: list[tuple[int,
     m = torch.tensor([[a for a, _ in pairs]])
     n = torch.tensor([[b for _, b in pairs]])
     t = len(pairs)
-    qr = apply_rotary(q.expand(1, 1, t, -1), *rope.rotary(m))
-    kr = apply_rotary(k.expand(1, 1, t, -1), *rope.rotary(n))
+    qr = apply_rotary(q.expand(1, t, 1, -1), *rope.rotary(m))  # token-major (B, T, H, D)
+    kr = apply_rotary(k.expand(1, t, 1, -1), *rope.rotary(n))
     return (qr * kr).sum(-1).flatten()
 
 
@@ -134,7 +134,7 @@ def test_rope_score_depends_only_on_offset(scaling, factor):
 @pytest.mark.parametrize(("scaling", "factor"), SCALINGS)
 def test_rope_rotation_scales_norm_by_attention_factor(scaling, factor):
     rope = _rope(scaling, factor, d_head=16, original=64)
-    x = torch.randn(2, 3, 7, 16, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, 7, 3, 16, generator=torch.Generator().manual_seed(1))  # (B, T, H, D)
     pos = torch.tensor([[0, 1, 2, 9, 100, 300, 1000], [5, 5, 6, 7, 8, 9, 10]])
     y = apply_rotary(x, *rope.rotary(pos))
     expected = rope.attention_factor
@@ -148,15 +148,15 @@ def test_rope_rotates_half_pairs_by_position_angle():
     d = 8
     rope = _rope(RopeScaling.none, d_head=d)
     theta = _plain_inv_freq(d, 10000.0)
-    x = torch.randn(1, 1, 3, d, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(1, 3, 1, d, generator=torch.Generator().manual_seed(2))  # (B, T, H, D)
     pos = [0, 3, 250]
     y = apply_rotary(x, *rope.rotary(torch.tensor([pos])))
     for t, p in enumerate(pos):
         for i in range(d // 2):
-            a, b = float(x[0, 0, t, i]), float(x[0, 0, t, i + d // 2])
+            a, b = float(x[0, t, 0, i]), float(x[0, t, 0, i + d // 2])
             c, s = math.cos(p * theta[i]), math.sin(p * theta[i])
-            assert float(y[0, 0, t, i]) == pytest.approx(a * c - b * s, abs=1e-5)
-            assert float(y[0, 0, t, i + d // 2]) == pytest.approx(a * s + b * c, abs=1e-5)
+            assert float(y[0, t, 0, i]) == pytest.approx(a * c - b * s, abs=1e-5)
+            assert float(y[0, t, 0, i + d // 2]) == pytest.approx(a * s + b * c, abs=1e-5)
 
 
 @pytest.mark.parametrize("factor", [2.0, 4.0, 8.0], ids=lambda f: f"f{f:g}")
@@ -168,8 +168,8 @@ def test_rope_linear_is_plain_rope_at_position_over_factor(factor):
     theta = _plain_inv_freq(d, 10000.0)
     ref = torch.tensor([[(p / factor) * theta[i % (d // 2)] for i in range(d)] for p in pos],
                        dtype=torch.float64)
-    torch.testing.assert_close(cos[0, 0].double(), ref.cos(), atol=1e-5, rtol=0)
-    torch.testing.assert_close(sin[0, 0].double(), ref.sin(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(cos[0, :, 0].double(), ref.cos(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(sin[0, :, 0].double(), ref.sin(), atol=1e-5, rtol=0)
     assert rope.attention_factor == 1.0
 
 
@@ -256,11 +256,11 @@ def test_rope_matches_transformers(scaling, rope_type, d_head, base, factor, ori
     pos = torch.tensor([[0, 1, 2, 17, 300, 1000], [3, 4, 5, 6, 7, 8]])
     hf_cos, hf_sin = LlamaRotaryEmbedding(config)(torch.zeros(1, dtype=torch.float32), pos)
     cos, sin = rope.rotary(pos)
-    assert cos.shape == (2, 1, 6, d_head)
+    assert cos.shape == (2, 6, 1, d_head)
     # HF rounds inv_freq to fp32 before the power, we after: one ulp of θ_i moves the angle at
     # p = 1000 by ~1000 · 2^-24 rad
-    torch.testing.assert_close(cos[:, 0], hf_cos, atol=2e-4, rtol=0)
-    torch.testing.assert_close(sin[:, 0], hf_sin, atol=2e-4, rtol=0)
+    torch.testing.assert_close(cos[:, :, 0], hf_cos, atol=2e-4, rtol=0)
+    torch.testing.assert_close(sin[:, :, 0], hf_sin, atol=2e-4, rtol=0)
 
 
 def test_yarn_keeps_high_and_interpolates_low_frequencies():

@@ -29,6 +29,7 @@ class KVCache:
         shape = (n_layers, batch, n_kv_heads, capacity, d_head)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, C, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._k, self._v = self.k.unbind(0), self.v.unbind(0)  # (B, Hkv, C, D) views per layer
         self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
         self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.has_padding = False
@@ -57,9 +58,10 @@ class KVCache:
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store this layer's new K/V (B, Hkv, T, D); return all K/V so far (B, Hkv, length+T, D)."""
         start, end = self.length, self.length + k.shape[2]
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        kl, vl = self._k[layer], self._v[layer]  # per-layer views, made once
+        kl[:, :, start:end] = k
+        vl[:, :, start:end] = v
+        return kl[:, :, :end], vl[:, :, :end]
 
     def advance(self, n: int) -> None:
         self.length += n
@@ -100,14 +102,19 @@ class SelfAttention(_Attention):
                  dropout: float) -> None:
         super().__init__(d_model, n_heads, n_kv_heads, d_head, bias=bias, dropout=dropout)
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias)
-        self.split = (n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head)
 
     def forward(self, x: Tensor, visibility: Visibility, rotary: tuple[Tensor, Tensor] | None,
                 cache: KVCache | None, layer: int) -> Tensor:
-        q, k, v = self.qkv(x).split(self.split, dim=-1)  # (B, T, H*D), (B, T, Hkv*D) x2
-        q, k, v = _heads(q, self.n_heads), _heads(k, self.n_kv_heads), _heads(v, self.n_kv_heads)
-        if rotary is not None:
-            q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+        b, t, _ = x.shape
+        h, hkv = self.n_heads, self.n_kv_heads
+        qkv = self.qkv(x).view(b, t, h + 2 * hkv, -1)  # (B, T, H + 2·Hkv, D)
+        if rotary is not None:  # queries and keys rotated together, token-major
+            qk = apply_rotary(qkv[:, :, : h + hkv], *rotary)
+            q, k = qk[:, :, :h], qk[:, :, h:]
+        else:
+            q, k = qkv[:, :, :h], qkv[:, :, h: h + hkv]
+        v = qkv[:, :, h + hkv:]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
         if cache is not None:
             k, v = cache.write(layer, k, v)  # (B, Hkv, Tk, D)
         return self._attend(q, k, v, visibility)

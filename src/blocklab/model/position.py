@@ -188,7 +188,7 @@ class RoPE(Position):
 
     def rotary(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         angles = positions[..., None].float() * self.inv_freq  # (B, T, d_head/2)
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, d_head)
+        angles = torch.cat((angles, angles), dim=-1)[:, :, None]  # (B, T, 1, d_head)
         cos, sin = angles.cos(), angles.sin()
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
@@ -196,10 +196,13 @@ class RoPE(Position):
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x`` (B, H, T, d_head) by the angles behind ``cos``/``sin`` (B, 1, T, d_head)."""
+    """Rotate ``x`` (B, T, H, d_head), token-major, by the angles behind ``cos``/``sin``
+    (B, T, 1, d_head). Attention rotates queries and keys together, in one call, straight from
+    the fused QKV projection (before the heads are moved to dim 1)."""
+    if cos.dtype != x.dtype:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return (x * cos.to(x.dtype) + rotated * sin.to(x.dtype)).type_as(x)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 def positions_from_valid(valid: Tensor) -> Tensor:
