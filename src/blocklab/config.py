@@ -255,6 +255,9 @@ class TrainerConfig:
     peak_flops: float | None = None  # for MFU; null = measured fp32 matmul rate on CPU
     progress_bar: bool = True
     deterministic: bool = False
+    # Non-finite loss or gradient: 0 = stop before the optimizer step (the default); N > 0 =
+    # skip such steps (no parameter or optimizer-state change), at most N in the whole run.
+    skip_nonfinite: int = 0
 
 
 @dataclass

@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 import math
 import random
+import sys
 import time
+import warnings
 from typing import Any
 
 import lightning as L
@@ -23,6 +25,9 @@ from blocklab.model import build_model
 from blocklab.registry import lookup
 from blocklab.train.objectives import OBJECTIVES
 from blocklab.train.optim import SCHEDULES, build_optimizer
+
+# Returning None from training_step is how a non-finite step is skipped (see _skip_or_stop).
+warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
 
 
 class NonFiniteError(FloatingPointError):
@@ -44,6 +49,7 @@ class LitModel(L.LightningModule):
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.batches_seen = 0
         self.tokens_seen = 0
+        self.skipped_steps = 0  # non-finite steps skipped under trainer.skip_nonfinite
         self._pending_rng: dict[str, Any] | None = None
         self._t_last: float | None = None
         self._tokens_since = 0
@@ -72,10 +78,10 @@ class LitModel(L.LightningModule):
             loss = out.total * world / count.clamp(min=1)
             total = self.trainer.strategy.reduce(out.total.detach().clone(), reduce_op="sum")
             logged = total / count.clamp(min=1)
-        if not torch.isfinite(loss):
-            raise NonFiniteError(
-                f"numerical error: loss is {loss.item()} at step {self.global_step}; "
-                "no optimizer step taken; the last checkpoint is intact")
+        if not torch.isfinite(logged):  # under DDP `logged` is global: every rank agrees
+            self.batches_seen += 1  # the batch is consumed either way (exact resume)
+            self._skip_or_stop(f"loss is {logged.item()}")
+            return None  # no backward: every grad stays None, so AdamW changes nothing
         self.batches_seen += 1
         tokens = int(count)
         self.tokens_seen += tokens
@@ -86,9 +92,22 @@ class LitModel(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         norms = [p.grad.norm() for p in self.parameters() if p.grad is not None]
         if norms and not torch.isfinite(torch.stack(norms)).all():
-            raise NonFiniteError(
-                f"numerical error: non-finite gradient at step {self.global_step}; no optimizer "
-                "step taken; the last checkpoint is intact")
+            self._skip_or_stop("non-finite gradient")
+            for p in self.parameters():  # skipped: AdamW leaves parameters without grads alone
+                p.grad = None
+
+    def _skip_or_stop(self, what: str) -> None:
+        """``trainer.skip_nonfinite`` policy: skip (counted, logged) while under the limit,
+        else stop before the optimizer step with the last checkpoint intact."""
+        limit = self.cfg.trainer.skip_nonfinite
+        if self.skipped_steps >= limit:
+            hint = (f" (skipped {self.skipped_steps}, limit trainer.skip_nonfinite={limit})"
+                    if limit else "; trainer.skip_nonfinite=N skips up to N such steps")
+            raise NonFiniteError(f"numerical error: {what} at step {self.global_step}; no "
+                                 f"optimizer step taken; the last checkpoint is intact{hint}")
+        self.skipped_steps += 1
+        print(f"warning: {what} at step {self.global_step}: step skipped "
+              f"({self.skipped_steps}/{limit} allowed by trainer.skip_nonfinite)", file=sys.stderr)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         every = self.cfg.trainer.log_every_steps
@@ -156,6 +175,7 @@ class LitModel(L.LightningModule):
             "step": self.global_step,
             "batches_seen": self.batches_seen,
             "tokens_seen": self.tokens_seen,
+            "skipped_steps": self.skipped_steps,
             "rng": ranks[0],
             "rng_ranks": ranks,
         }
@@ -164,6 +184,7 @@ class LitModel(L.LightningModule):
         meta = checkpoint.get("blocklab", {})
         self.batches_seen = int(meta.get("batches_seen", 0))
         self.tokens_seen = int(meta.get("tokens_seen", 0))
+        self.skipped_steps = int(meta.get("skipped_steps", 0))
         ranks = meta.get("rng_ranks") or []
         rank = self.trainer.global_rank if self._trainer is not None else 0
         world = self.trainer.world_size if self._trainer is not None else 1
@@ -195,6 +216,8 @@ def check_finite_config(cfg: TrainConfig) -> None:
         ("optim.grad_clip", o.grad_clip, o.grad_clip >= 0, "must be >= 0 (0 = off)"),
         ("trainer.max_steps", t.max_steps, t.max_steps >= 1, "must be >= 1"),
         ("trainer.accumulate", t.accumulate, t.accumulate >= 1, "must be >= 1"),
+        ("trainer.skip_nonfinite", t.skip_nonfinite, t.skip_nonfinite >= 0,
+         "must be >= 0 (0 = stop at the first non-finite step)"),
         ("data.batch_size", d.batch_size, d.batch_size >= 1, "must be >= 1"),
         ("data.seq_len", d.seq_len, d.seq_len >= 8, "must be >= 8"),
         ("schedule.warmup_steps", cfg.schedule.warmup_steps, cfg.schedule.warmup_steps >= 0,
