@@ -2,7 +2,7 @@
 
 Every figure that matters is a *ratio measured in one run*: the implementations run
 interleaved (A B C A B C ...) after a warm-up, a ratio is taken per round, and the report gives
-min / median / max over the rounds (see /work/shared/design/PERFORMANCE.md).
+min / median / max over the rounds (docs/performance.md).
 
 1. Train step (forward + backward + AdamW) for the ``gpt2_tiny`` and ``llama_tiny`` presets,
    composed from configs/ exactly as the CLI does, against a plain PyTorch model of the same
@@ -99,21 +99,14 @@ def compose_models(quick: bool) -> dict[str, object]:
 
 
 def shape_of(name: str, model_cfg: object) -> Shape:
-    from blocklab.config import (
-        BlockName,
-        FamilyName,
-        FFNName,
-        NormName,
-        PositionName,
-        model_config,
-    )
+    from blocklab.config import model_config
 
     m = model_config(model_cfg)
-    llama = m.position.name is PositionName.rope
-    expect = ((FFNName.swiglu, NormName.rmsnorm, False) if llama
-              else (FFNName.gelu_mlp, NormName.layernorm, True))
+    llama = m.position.name == "rope"
+    expect = (("swiglu", "rmsnorm", False) if llama
+              else ("gelu_mlp", "layernorm", True))
     got = (m.ffn.name, m.norm.name, m.ffn.bias and m.attention.bias)
-    assert m.family.name is FamilyName.decoder and m.block.name is BlockName.pre, m
+    assert m.family.name == "decoder" and m.block.name == "pre", m
     assert got == expect and m.d_head is None and m.dropout == 0.0, (name, got)
     return Shape(name=name, llama=llama, vocab=m.vocab_size, d=m.d_model, layers=m.n_layers,
                  heads=m.n_heads, kv_heads=m.kv_heads, d_ff=m.d_ff, max_seq=m.max_seq_len,

@@ -1,9 +1,13 @@
-"""blocklab-compare over hand-made run directories (no training)."""
+"""blocklab-compare over hand-made run directories (no training), and proof that it never
+imports torch."""
 
 from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +64,10 @@ def probes(within: float = 0.9, beyond: float = 0.4, eff: int | None = 32) -> di
 
 def make_run(root: Path, name: str, config: dict[str, Any] | None, *,
              summary: dict[str, Any] | None = None, status: dict[str, Any] | None = None,
-             logs: list[list[list[Any]]] | None = None) -> Path:
+             logs: list[list[list[Any]]] | None = None, run_json: dict[str, Any] | None = None,
+             checkpoints: dict[int, dict[str, Any] | None] | None = None) -> Path:
+    """A run directory as training and the sweep leave it; ``checkpoints`` maps a step to the
+    checkpoint's meta.json (None: a checkpoint without one)."""
     d = root / name
     d.mkdir(parents=True)
     if config is not None:
@@ -69,6 +76,13 @@ def make_run(root: Path, name: str, config: dict[str, Any] | None, *,
         (d / "summary.json").write_text(json.dumps(summary))
     if status is not None:
         (d / "status.json").write_text(json.dumps(status))
+    if run_json is not None:
+        (d / "run.json").write_text(json.dumps(run_json))
+    for step, meta in (checkpoints or {}).items():
+        ckpt = d / "checkpoints" / f"step-{step:06d}"
+        ckpt.mkdir(parents=True)
+        if meta is not None:
+            (ckpt / "meta.json").write_text(json.dumps(meta))
     for version, rows in enumerate(logs or []):
         f = d / "logs" / f"version_{version}" / "metrics.csv"
         f.parent.mkdir(parents=True)
@@ -79,15 +93,18 @@ def make_run(root: Path, name: str, config: dict[str, Any] | None, *,
     return d
 
 
-def summary(step: int, train: float, val: float, with_probes: dict | None = None) -> dict:
+def summary(step: int, train: float, val: float, with_probes: dict | None = None,
+            **extra: Any) -> dict:
     return {"run_dir": "x", "step": step, "tokens_seen": 1000,
             "metrics": {"train/loss": train, "val/loss": val, "train/tokens_per_s": 12345.0},
-            "probes": with_probes, "last_checkpoint": None}
+            "probes": with_probes, "last_checkpoint": None, **extra}
 
 
 @pytest.fixture
 def sweep(tmp_path: Path) -> Path:
-    """A multirun-like sweep: 4 jobs varying position x n_layers, nested 2 levels deep."""
+    """A multirun-like sweep: 4 jobs varying position x n_layers, nested 2 levels deep. The
+    parameter count is in run.json (job 0), summary.json (job 1), a checkpoint's meta.json
+    (job 2) or nowhere (job 3)."""
     root = tmp_path / "multirun" / "2026-01-01"
     ok_logs = [[[0, 0, 4.0, 1000.0, ""], [0, 9, 3.0, 1100.0, ""], [0, 9, "", "", 3.2],
                 [0, 19, 2.0, 1200.0, ""], [0, 19, "", "", 2.5]]]
@@ -95,9 +112,9 @@ def sweep(tmp_path: Path) -> Path:
              summary=summary(20, 2.0, 2.5, probes(0.9, 0.4, 32)),
              status={"status": "ok", "error": None, "job": 0, "run_dir": "x",
                      "overrides": ["model/position=rope", "model.n_layers=1"]},
-             logs=ok_logs)
+             logs=ok_logs, run_json={"params": 1000, "arch_hash": "a"})
     make_run(root / "12-00-00", "1", make_config("alibi", 1, out_root="/b", run_dir="/b/1"),
-             summary=summary(20, 1.5, 1.8, probes(0.95, 0.8, 64)),
+             summary=summary(20, 1.5, 1.8, probes(0.95, 0.8, 64), params=1001),
              status={"status": "ok", "error": None, "job": 1, "run_dir": "x",
                      "overrides": ["model/position=alibi", "model.n_layers=1"]},
              logs=ok_logs)
@@ -107,7 +124,8 @@ def sweep(tmp_path: Path) -> Path:
                      "error": "RuntimeError: CUDA out of memory. " + "x" * 200 + "\nTraceback..",
                      "overrides": ["model/position=rope", "model.n_layers=2"]},
              logs=[[[0, 0, 4.0, 900.0, ""], [0, 9, 3.5, 900.0, ""], [0, 14, 3.4, 900.0, ""]],
-                   [[0, 9, 3.3, 950.0, ""], [0, 9, "", "", 3.6], [0, 12, 3.1, 950.0, ""]]])
+                   [[0, 9, 3.3, 950.0, ""], [0, 9, "", "", 3.6], [0, 12, 3.1, 950.0, ""]]],
+             checkpoints={10: {"step": 10, "params": 2000}})
     # job 3 still running / never reached status: only config.yaml
     make_run(root / "12-00-00", "3", make_config("alibi", 2))
     return tmp_path / "multirun"
@@ -119,7 +137,11 @@ def test_varied_keys_exact_and_bookkeeping_ignored() -> None:
     b["logger"] = {"name": "wandb", "project": "p"}
     b["probes"] = {"enabled": False}
     b["checkpoint_probes"] = {"enabled": True, "name": "coarse"}
-    b["trainer"] = {**b["trainer"], "progress_bar": True}
+    # training length, cadence and the sweeper's metric are bookkeeping too
+    # (blocklab.provenance.BOOKKEEPING): never an experimental axis
+    b["trainer"] = {**b["trainer"], "progress_bar": True, "max_steps": 40, "log_every_steps": 5,
+                    "val_every_steps": 7, "ckpt_every_steps": 9, "keep_checkpoints": 1}
+    b["objective"] = "val/loss"
     b["data"] = {**b["data"], "curriculum": [[0, 32]]}
     c = make_config("rope", 1, probes={})  # probes collapsed to an empty mapping
     assert compare.varied_keys([a, b, c]) == ["model.n_layers", "model.position.name",
@@ -130,6 +152,10 @@ def test_varied_keys_exact_and_bookkeeping_ignored() -> None:
     d = make_config("rope", 1)
     d["model"] = {**d["model"], "d_head": 16}
     assert compare.varied_keys([a, d]) == ["model.d_head"]
+    # other trainer keys still count
+    e = make_config("rope", 1)
+    e["trainer"] = {**e["trainer"], "max_steps": 99, "accumulate": 4}
+    assert compare.varied_keys([a, e]) == ["trainer.accumulate"]
 
 
 def test_collect_sweep(sweep: Path) -> None:
@@ -139,8 +165,7 @@ def test_collect_sweep(sweep: Path) -> None:
     assert [r["model.position.name"] for r in rows] == ["rope", "alibi", "rope", "alibi"]
     assert rows[1]["label"] == "n_layers=1, position=alibi"
     ok, alibi, failed, running = rows
-    assert ok["params"] == compare.count_params(MODEL) > 0
-    assert failed["params"] > ok["params"]
+    assert [r["params"] for r in rows] == [1000, 1001, 2000, None]
     assert (ok["status"], ok["step"], ok["train_loss"], ok["val_loss"]) == ("ok", 20, 2.0, 2.5)
     assert ok["tokens_per_s"] == 12345.0
     # probe headlines come from the variant with the most distractors / the largest m
@@ -238,4 +263,70 @@ def test_several_paths_no_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (out,) = (tmp_path / "outputs").glob("compare_*")
     assert (out / "loss_curves.png").exists() and not (out / "probe_accuracy.png").exists()
     rows = compare.collect([a, b])
-    assert rows[1]["params"] is None  # an invalid model config leaves params blank
+    assert rows[0]["params"] is rows[1]["params"] is None  # no file records it: left blank
+
+
+def test_params_are_read_from_the_run_files_in_order(tmp_path: Path) -> None:
+    """run.json, then summary.json, then the newest checkpoint that records it; never computed
+    from the config (which would need torch), so an invalid model config does not matter."""
+    cfg = {**make_config(), "model": {"vocab_size": -1}}
+    run = make_run(tmp_path, "all", cfg, run_json={"params": 1}, summary={"params": 2},
+                   checkpoints={5: {"params": 3}})
+    assert compare.read_params(run) == 1
+    run = make_run(tmp_path, "summary", cfg, run_json={"arch_hash": "a"},
+                   summary={"params": 2}, checkpoints={5: {"params": 3}})
+    assert compare.read_params(run) == 2
+    # newest checkpoint by step number (not by name order of unpadded names), one without
+    # meta.json skipped, hidden half-written copies ignored
+    run = make_run(tmp_path, "ckpt", cfg, checkpoints={9: {"params": 9}, 100: {"params": 100},
+                                                       200: None})
+    (run / "checkpoints" / "step-9").mkdir()
+    (run / "checkpoints" / "step-9" / "meta.json").write_text('{"params": 7}')
+    tmp = run / "checkpoints" / ".tmp-step-000300-1"
+    tmp.mkdir()
+    (tmp / "meta.json").write_text('{"params": 300}')
+    assert compare.read_params(run) == 100
+    # unreadable or meaningless values count as absent
+    run = make_run(tmp_path, "bad", cfg, run_json={"params": "many"}, summary={"params": None},
+                   checkpoints={1: {"params": -5}})
+    (run / "run.json").write_text("{half-written")
+    assert compare.read_params(run) is None
+    assert compare.read_params(tmp_path / "does-not-exist") is None
+    row = compare.load_run(tmp_path / "summary")
+    assert row["params"] == 2 and row["status"] == "ok"
+
+
+def test_compare_never_imports_torch(sweep: Path, tmp_path: Path) -> None:
+    """blocklab-compare in a fresh interpreter where importing torch fails loudly: the table
+    and every output are written, and nothing even tried to import torch (directly or through
+    another blocklab module)."""
+    out = tmp_path / "report"
+    code = textwrap.dedent(f"""
+        import sys
+
+        attempts = []
+
+        class NoTorch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torch" or name.startswith("torch."):
+                    attempts.append(name)
+                    raise ImportError("torch is blocked in this test")
+                return None
+
+        sys.meta_path.insert(0, NoTorch())
+        from blocklab import compare
+
+        rc = compare.main([{str(sweep)!r}, "--out", {str(out)!r}])
+        assert rc == 0, rc
+        assert not attempts, attempts
+        assert "torch" not in sys.modules
+        assert "matplotlib" in sys.modules and "matplotlib.pyplot" not in sys.modules
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("| run | model.n_layers | model.position.name | params | status")
+    assert len(lines) == 2 + 4 and "| job 0 | 1 | rope | 1000 | ok |" in proc.stdout
+    for name in ("compare.csv", "compare.md", "loss_curves.png", "probe_accuracy.png"):
+        assert (out / name).stat().st_size > 0, name

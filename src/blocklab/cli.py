@@ -1,5 +1,8 @@
 """Thin entry points. Heavy imports (torch) happen inside the commands, so ``--help`` and
-``--cfg job`` stay fast. Configs live in the repository's ``configs/`` folder."""
+``--cfg job`` stay fast. blocklab's configs ship inside the package (``pkg://blocklab.configs``);
+a user config directory adds presets and experiments with Hydra's ``--config-dir DIR`` (or
+``hydra.searchpath=[file://DIR]``), and user components are imported before composing
+(``registry.load_plugins``)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,9 @@ import warnings
 import hydra
 from omegaconf import DictConfig
 
-from blocklab.config import ConfigError, config_dir, register_configs
+from blocklab.config import CONFIG_MODULE, ConfigError, register_configs
 
-CONFIG_DIR = config_dir()
+CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning 2.6 + torch 2.13 noise
 
 register_configs()
@@ -23,6 +26,13 @@ _STARTED = False
 def _console(main) -> None:
     """Console-script wrapper: Hydra exits 1 on a composition error (unknown group option,
     typo'd key, wrong type); report those with the config-error exit code like ours."""
+    from blocklab.registry import load_plugins
+
+    try:
+        load_plugins()
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        sys.exit(e.exit_code)
     try:
         main()
     except SystemExit as e:
@@ -103,7 +113,7 @@ def objective_value(run_dir, name: str) -> float:
     return float(value)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="train")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def train(cfg: DictConfig) -> float | None:
     """Train a model: ``blocklab-train model/position=alibi model.n_layers=6``;
     continue one exactly with ``resume=<run dir or checkpoint>``; sweep with ``-m``."""
@@ -131,7 +141,7 @@ def _eval(cfg: DictConfig) -> None:
         print(f"probe results   {p.out_dir}")
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="eval")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
 def evaluate(cfg: DictConfig) -> None:
     """Evaluate a checkpoint on its own: ``blocklab-eval ckpt=<run dir or checkpoint>
     probes=full`` (validation loss + probes), or a Hugging Face causal LM:
@@ -149,44 +159,8 @@ def _estimate(cfg: DictConfig) -> None:
     print(table(m, e, batch=cfg.batch_size, seq_len=seq_len, bytes_per_value=cfg.bytes_per_value))
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="estimate")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="estimate")
 def estimate(cfg: DictConfig) -> None:
     """Print parameters, FLOPs/token, activation and KV-cache memory for a model config:
     ``blocklab-estimate model=llama_tiny model.n_layers=32 seq_len=8192``."""
     _run(_estimate, cfg)
-
-
-def _demo(cfg: DictConfig) -> None:
-    import time
-
-    import torch
-
-    from blocklab.config import model_config
-    from blocklab.model import build_model
-    from blocklab.model.estimate import estimate as est
-    from blocklab.model.generate import generate
-
-    torch.manual_seed(0)
-    m = model_config(cfg.model)
-    model = build_model(m)
-    print(f"built {m.family.name.value} model: {est(m).params:,} parameters")
-    if m.family.name.value == "encoder":
-        print("encoder-only: no generation demo")
-        return
-    prompt = torch.randint(0, m.vocab_size, (2, 16))
-    extra = {"source_ids": prompt} if m.family.name.value == "encoder_decoder" else {}
-    start = prompt[:, :1] if extra else prompt
-    t0 = time.perf_counter()
-    cached = generate(model, start, max_new_tokens=64, **extra)
-    t1 = time.perf_counter()
-    full = generate(model, start, max_new_tokens=64, use_cache=False, **extra)
-    t2 = time.perf_counter()
-    same = bool((cached == full).all())
-    print(f"greedy generation, 2 x 64 new tokens: cached {t1 - t0:.2f}s, recompute {t2 - t1:.2f}s,"
-          f" identical tokens: {same}")
-
-
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="estimate")
-def demo(cfg: DictConfig) -> None:
-    """Build a model from config and generate from random weights, cached vs uncached."""
-    _run(_demo, cfg)

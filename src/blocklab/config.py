@@ -16,41 +16,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """A user-fixable config problem; exit code 2 from the CLI."""
-
-    exit_code = 2
-
+from blocklab.errors import ConfigError
 
 # ----------------------------------------------------------------------------------- choices
-# Enum member names are the config file names and the registry keys (a test checks all three).
-
-
-class FamilyName(enum.Enum):
-    encoder = "encoder"
-    decoder = "decoder"
-    encoder_decoder = "encoder_decoder"
-
-
-class NormName(enum.Enum):
-    layernorm = "layernorm"
-    rmsnorm = "rmsnorm"
-
-
-class BlockName(enum.Enum):
-    pre = "pre"
-    post = "post"
-    sandwich = "sandwich"
-
-
-class PositionName(enum.Enum):
-    none = "none"
-    sinusoidal = "sinusoidal"
-    learned = "learned"
-    t5_bias = "t5_bias"
-    rope = "rope"
-    alibi = "alibi"
+# Component axes (family, norm, block, position, ffn, attention) are plain strings checked
+# against their registries (registry.py), so a user module can add a choice; the file name of
+# a config group option = the registry key (a test checks both sets are equal). Choices that
+# are not components stay enums.
 
 
 class RopeScaling(enum.Enum):
@@ -60,44 +32,31 @@ class RopeScaling(enum.Enum):
     yarn = "yarn"
 
 
-class FFNName(enum.Enum):
-    gelu_mlp = "gelu_mlp"
-    relu_mlp = "relu_mlp"
-    swiglu = "swiglu"
-    geglu = "geglu"
-
-
-class AttentionName(enum.Enum):
-    mha = "mha"
-    gqa = "gqa"
-    mqa = "mqa"
-
-
 # ------------------------------------------------------------------------------------ schema
 
 
 @dataclass
 class FamilyConfig:
-    name: FamilyName = FamilyName.decoder
+    name: str = "decoder"
     # encoder_decoder only: encoder depth (null = model.n_layers).
     n_encoder_layers: int | None = None
 
 
 @dataclass
 class NormConfig:
-    name: NormName = NormName.layernorm
+    name: str = "layernorm"
     eps: float = 1e-5
     bias: bool = True  # LayerNorm only; RMSNorm has no bias
 
 
 @dataclass
 class BlockConfig:
-    name: BlockName = BlockName.pre
+    name: str = "pre"
 
 
 @dataclass
 class PositionConfig:
-    name: PositionName = PositionName.none
+    name: str = "none"
     # rope
     base: float = 10000.0
     scaling: RopeScaling = RopeScaling.none
@@ -112,13 +71,13 @@ class PositionConfig:
 
 @dataclass
 class FFNConfig:
-    name: FFNName = FFNName.gelu_mlp
+    name: str = "gelu_mlp"
     bias: bool = True
 
 
 @dataclass
 class AttentionConfig:
-    name: AttentionName = AttentionName.mha
+    name: str = "mha"
     n_kv_heads: int | None = None  # mha: null (= n_heads); gqa: required; mqa: null (= 1)
     bias: bool = True
     dropout: float = 0.0
@@ -380,26 +339,37 @@ class EstimateConfig:
     bytes_per_value: int = 2  # KV cache / activation dtype size (2 = bf16/fp16)
 
 
+CONFIG_MODULE = "blocklab.configs"  # the configs/ folder, shipped as package data
+
+
 def config_dir() -> str:
-    """The repository's ``configs/`` folder (blocklab runs from a clone, like the
-    lightning-hydra-template)."""
-    from pathlib import Path
+    """Where blocklab's own configs are on disk (``configs/`` of a clone, or the installed
+    package's copy)."""
+    import importlib.resources
 
-    return str(Path(__file__).resolve().parents[2] / "configs")
+    return str(importlib.resources.files(CONFIG_MODULE))
 
 
-def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...] = (), *,
+            config_dirs: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose a config exactly as the command line would, for Python use::
 
         cfg = compose("estimate", ["model=llama_tiny", "model/position=alibi"])
         model = blocklab.model.build_model(cfg.model)
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
 
+    ``config_dirs`` are user config directories searched first (like ``--config-dir`` on the
+    command line); user plugins are imported first (registry.load_plugins)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    from blocklab.registry import load_plugins
+
+    load_plugins()
     register_configs()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return hydra_compose(config_name, overrides=list(overrides))
+    extra = [f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"
+             ] if config_dirs else []
+    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+        return hydra_compose(config_name, overrides=[*overrides, *extra])
 
 
 def register_configs() -> None:
@@ -425,18 +395,26 @@ def _fail(key: str, value: Any, rule: str, hint: str = "") -> ConfigError:
 def resolve_kv_heads(m: ModelConfig) -> int:
     """Number of K/V heads implied by ``attention.name`` (MHA/GQA/MQA) and ``n_kv_heads``."""
     a = m.attention
-    if a.name is AttentionName.mha:
-        return m.n_heads if a.n_kv_heads is None else a.n_kv_heads
-    if a.name is AttentionName.mqa:
-        return 1 if a.n_kv_heads is None else a.n_kv_heads
-    if a.n_kv_heads is None:
+    if a.n_kv_heads is not None:
+        return a.n_kv_heads
+    if a.name == "mqa":
+        return 1
+    if a.name == "gqa":
         raise _fail("model.attention.n_kv_heads", None, "gqa needs n_kv_heads set",
                     "e.g. model.attention.n_kv_heads=2")
-    return a.n_kv_heads
+    return m.n_heads  # mha, and any registered attention that does not say otherwise
+
+
+MODEL_AXES = ("family", "norm", "block", "position", "ffn", "attention")
 
 
 def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
-    """Check the cross-field rules of a composed model config; return it unchanged."""
+    """Check the cross-field rules of a composed model config; return it unchanged. Component
+    names are checked against their registries (which loads user plugins, see registry.py)."""
+    from blocklab import registry
+
+    for axis in MODEL_AXES:
+        registry.lookup(axis, getattr(m, axis).name, f"{key}.{axis}.name")
     if m.vocab_size is None:
         raise _fail(f"{key}.vocab_size", None, "must be set here (null means 'the tokenizer's "
                     "size' and is only filled in by training)")
@@ -453,7 +431,7 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
     if m.d_head is not None and m.d_head < 1:
         raise _fail(f"{key}.d_head", m.d_head, "must be >= 1")
     kv = resolve_kv_heads(m)
-    kind = m.attention.name.value
+    kind = m.attention.name
     if not 1 <= kv <= m.n_heads or m.n_heads % kv:
         raise _fail(f"{key}.attention.n_kv_heads", kv,
                     f"must be in [1, n_heads={m.n_heads}] and divide n_heads")
@@ -466,14 +444,14 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
         raise _fail(f"{key}.attention.n_kv_heads", kv,
                     f"gqa needs 1 < n_kv_heads < n_heads={m.n_heads}", "use mha or mqa")
     p = m.position
-    if p.name is PositionName.rope:
+    if p.name == "rope":
         if m.head_dim % 2:
             raise _fail(f"{key}.d_head", m.head_dim, "rope needs an even head dimension")
         if p.base <= 1:
             raise _fail(f"{key}.position.base", p.base, "must be > 1")
         if p.factor < 1:
             raise _fail(f"{key}.position.factor", p.factor, "must be >= 1")
-    if p.name is PositionName.t5_bias and (p.num_buckets < 4 or p.max_distance <= p.num_buckets // 2):
+    if p.name == "t5_bias" and (p.num_buckets < 4 or p.max_distance <= p.num_buckets // 2):
         raise _fail(f"{key}.position.num_buckets", p.num_buckets,
                     f"t5_bias needs num_buckets >= 4 and max_distance > num_buckets/2 "
                     f"(max_distance={p.max_distance})")

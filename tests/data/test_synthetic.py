@@ -1,4 +1,4 @@
-"""Synthetic tasks and the training mixture (PROBES.md "Token-space tasks", "Principles"):
+"""Synthetic tasks and the training mixture (docs/probes.md, "Retrieval is taught, then probed"):
 exact lengths, determinism from (seed, index, salt), the needle / record / query formats, random
 key–value pairings (closed-book = chance), mixture weights, the length curriculum, the stream
 fingerprint and config validation."""

@@ -1,4 +1,4 @@
-"""Real text (RELIABILITY.md H): tokenizers with blocklab's specials at ids 0..6 that round-trip
+"""Real text (docs/reliability.md, "Bad data"): tokenizers with blocklab's specials at ids 0..6 that round-trip
 any text, documents loaded with bad data counted or named, pieces that cover each document,
 disjoint train/val, a seeded epoch order, and a fingerprint that tracks the data files."""
 

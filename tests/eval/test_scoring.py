@@ -1,5 +1,6 @@
-"""Probe aggregates against independent references: Wilson bounds by brute-force inversion of
-the score test, the monotone effective-length rule, lost-in-the-middle curve shape."""
+"""Probe aggregates (blocklab.eval.aggregate) against independent references: Wilson bounds by
+brute-force inversion of the score test, the monotone effective-length rule, lost-in-the-middle
+curve shape."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import pytest
 
-from blocklab.eval.scoring import effective_length, position_curve_summary, wilson_interval
+from blocklab.eval.aggregate import effective_length, position_curve_summary, wilson_interval
 
 
 def _score_test_accepts(p0: float, k: int, n: int, z: float = 1.959964) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from blocklab.config import (
-    FamilyName,
     LitmProbeConfig,
     ModelConfig,
     NeedleProbeConfig,
@@ -86,7 +85,7 @@ def test_litm_records_hold_the_answer_once_and_closed_book_never(tok):
 @pytest.mark.parametrize("family", ["decoder", "encoder", "encoder_decoder"])
 def test_every_family_runs_text_probes_end_to_end(tok, family, tmp_path):
     m = ModelConfig(vocab_size=600, max_seq_len=512)
-    m.family.name = FamilyName(family)
+    m.family.name = family
     model = build_model(m)
     s = spec(perplexity=PerplexityProbeConfig(lengths=[1.0], tokens=256))
     s.text.max_new_tokens = 4

@@ -8,11 +8,10 @@ import pytest
 import torch
 from variants import VOCAB, params, tiny
 
-from blocklab.config import FamilyName
 from blocklab.model import build_model
 from blocklab.model.generate import generate, sample_next
 
-DEC, ED = FamilyName.decoder, FamilyName.encoder_decoder
+DEC, ED = "decoder", "encoder_decoder"
 
 
 def _full(model, ids, src):
@@ -20,7 +19,7 @@ def _full(model, ids, src):
 
 
 def _source(cfg, batch=1):
-    return torch.randint(0, VOCAB, (batch, 9)) if cfg.family.name is ED else None
+    return torch.randint(0, VOCAB, (batch, 9)) if cfg.family.name == ED else None
 
 
 @params(DEC, ED)
@@ -67,7 +66,7 @@ def test_left_padded_batch_generates_what_each_prompt_generates_alone(cfg):
         ids[i, width - p.shape[1]:] = p
         valid[i, width - p.shape[1]:] = True
         ids[i, : width - p.shape[1]] = torch.randint(0, VOCAB, (width - p.shape[1],))
-    batched = generate(model, ids, prompt_valid=valid, max_new_tokens=10)
+    batched = generate(model, ids, valid=valid, max_new_tokens=10)
     for i, p in enumerate(prompts):
         assert torch.equal(batched[i], generate(model, p, max_new_tokens=10)[0]), f"prompt {i}"
 

@@ -12,31 +12,26 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from blocklab.config import (
     AttentionConfig,
-    AttentionName,
     BlockConfig,
-    BlockName,
     FamilyConfig,
-    FamilyName,
     FFNConfig,
-    FFNName,
     ModelConfig,
     NormConfig,
-    NormName,
     PositionConfig,
-    PositionName,
 )
 from blocklab.model.attention import KVCache
 from blocklab.model.estimate import count_params, estimate, kv_cache_bytes, matmul_params
 from blocklab.model.transformer import build_model
+from blocklab.registry import names
 
 # Norm kinds, with LayerNorm's bias on and off; RMSNorm keeps the schema's bias=True, which it
 # must ignore.
 NORMS = {
-    "layernorm": NormConfig(name=NormName.layernorm, bias=True),
-    "layernorm_nobias": NormConfig(name=NormName.layernorm, bias=False),
-    "rmsnorm": NormConfig(name=NormName.rmsnorm, bias=True),
+    "layernorm": NormConfig(name="layernorm", bias=True),
+    "layernorm_nobias": NormConfig(name="layernorm", bias=False),
+    "rmsnorm": NormConfig(name="rmsnorm", bias=True),
 }
-KV_HEADS = {"mha": None, "gqa": 2, "mqa": None}
+KV_HEADS = {name: (2 if name == "gqa" else None) for name in names("attention")}
 
 
 def tiny(family: str = "decoder", *, norm: str = "layernorm", block: str = "pre",
@@ -50,13 +45,13 @@ def tiny(family: str = "decoder", *, norm: str = "layernorm", block: str = "pre"
                 max_seq_len=20)
     base.update(sizes)
     return ModelConfig(
-        family=FamilyConfig(name=FamilyName[family],
+        family=FamilyConfig(name=family,
                             n_encoder_layers=3 if family == "encoder_decoder" else None),
         norm=NormConfig(name=n.name, bias=n.bias),
-        block=BlockConfig(name=BlockName[block]),
-        position=PositionConfig(name=PositionName[position], num_buckets=10, max_distance=40),
-        ffn=FFNConfig(name=FFNName[ffn], bias=ffn_bias),
-        attention=AttentionConfig(name=AttentionName[attention], n_kv_heads=KV_HEADS[attention],
+        block=BlockConfig(name=block),
+        position=PositionConfig(name=position, num_buckets=10, max_distance=40),
+        ffn=FFNConfig(name=ffn, bias=ffn_bias),
+        attention=AttentionConfig(name=attention, n_kv_heads=KV_HEADS[attention],
                                   bias=attn_bias),
         tie_embeddings=tie,
         **base,
@@ -69,11 +64,11 @@ def counted_params(model: torch.nn.Module) -> int:
 
 # ------------------------------------------------------------------------- parameter count
 
-FAMILIES = [f.value for f in FamilyName]
-BLOCKS = [b.value for b in BlockName]
-POSITIONS = [p.value for p in PositionName]
-FFNS = [f.value for f in FFNName]
-ATTENTIONS = [a.value for a in AttentionName]
+FAMILIES = names("family")
+BLOCKS = names("block")
+POSITIONS = names("position")
+FFNS = names("ffn")
+ATTENTIONS = names("attention")
 # (tie_embeddings, attention bias, ffn bias, explicit d_head) — 16 combinations
 FLAGS = list(itertools.product([True, False], [True, False], [True, False], [None, 6]))
 OUTER = list(itertools.product(FAMILIES, NORMS, BLOCKS, POSITIONS))
@@ -156,8 +151,8 @@ def test_kv_cache_worked_example_is_one_gib():
     """B=1, 32 layers, 8192 tokens, 8 KV heads of 128 dims, 2 bytes: 2·32·8192·8·128·2 = 2^30."""
     cfg = ModelConfig(vocab_size=64, d_model=4096, n_layers=32, n_heads=32, d_ff=64,
                       max_seq_len=8192,
-                      attention=AttentionConfig(name=AttentionName.gqa, n_kv_heads=8, bias=False),
-                      position=PositionConfig(name=PositionName.rope))
+                      attention=AttentionConfig(name="gqa", n_kv_heads=8, bias=False),
+                      position=PositionConfig(name="rope"))
     assert cfg.head_dim == 128 and cfg.kv_heads == 8
     assert kv_cache_bytes(cfg, 1, 8192, 2) == 2**30
     assert estimate(cfg, batch=1, seq_len=8192, bytes_per_value=2).kv_cache_bytes == 2**30

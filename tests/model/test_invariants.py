@@ -12,10 +12,9 @@ from pathlib import Path
 import torch
 from variants import VOCAB, params
 
-from blocklab.config import FamilyName
 from blocklab.model import build_model
 
-DEC, ENC, ED = FamilyName.decoder, FamilyName.encoder, FamilyName.encoder_decoder
+DEC, ENC, ED = "decoder", "encoder", "encoder_decoder"
 ATOL = 1e-5
 
 
@@ -25,7 +24,7 @@ def _model(cfg):
 
 def _run(model, ids, **kw):
     """Logits of the 'main' side: decoder logits for encoder–decoder (source = fixed)."""
-    if model.config.family.name is ED:
+    if model.config.family.name == ED:
         src = kw.pop("source_ids")
         return model(src, ids, **kw)
     return model(ids, **kw)
@@ -42,7 +41,7 @@ def test_future_tokens_never_change_earlier_logits(cfg):
     ids = _rand(2, t)
     changed = ids.clone()
     changed[:, cut:] = _rand(2, t - cut)
-    extra = {"source_ids": _rand(2, 9)} if cfg.family.name is ED else {}
+    extra = {"source_ids": _rand(2, 9)} if cfg.family.name == ED else {}
     a, b = _run(model, ids, **extra), _run(model, changed, **extra)
     torch.testing.assert_close(a[:, :cut], b[:, :cut], atol=ATOL, rtol=0)
     assert not torch.allclose(a[:, cut:], b[:, cut:], atol=1e-3)  # the test can see a change
@@ -54,7 +53,7 @@ def test_padding_never_changes_real_outputs_right_and_left(cfg):
     model = _model(cfg)
     n, pad = 13, 6
     real = _rand(1, n)
-    extra = {"source_ids": _rand(1, 9)} if cfg.family.name is ED else {}
+    extra = {"source_ids": _rand(1, 9)} if cfg.family.name == ED else {}
     alone = _run(model, real, **extra)
     for side in ("right", "left"):
         outs = []
@@ -64,7 +63,7 @@ def test_padding_never_changes_real_outputs_right_and_left(cfg):
             valid = torch.ones_like(ids, dtype=torch.bool)
             sl = slice(n, None) if side == "right" else slice(0, pad)
             valid[:, sl] = False
-            key = "target_valid" if cfg.family.name is ED else "valid"
+            key = "valid"
             logits = _run(model, ids, **{key: valid}, **dict(extra))
             outs.append(logits[:, valid[0]])
         torch.testing.assert_close(outs[0], outs[1], atol=ATOL, rtol=0)
@@ -95,11 +94,11 @@ def test_packed_documents_equal_each_document_alone(cfg):
     docs = [_rand(1, n) for n in lengths]
     segments = torch.cat([torch.full((1, n), i + 1) for i, n in enumerate(lengths)], 1)
     packed = torch.cat(docs, 1)
-    if cfg.family.name is ED:
+    if cfg.family.name == ED:
         src_lengths = [6, 4, 9]
         srcs = [_rand(1, n) for n in src_lengths]
         src_seg = torch.cat([torch.full((1, n), i + 1) for i, n in enumerate(src_lengths)], 1)
-        out = model(torch.cat(srcs, 1), packed, source_segments=src_seg, target_segments=segments)
+        out = model(torch.cat(srcs, 1), packed, source_segments=src_seg, segments=segments)
         alone = [model(s, d) for s, d in zip(srcs, docs)]
     else:
         out = model(packed, segments=segments)
@@ -117,10 +116,10 @@ def test_fully_padded_rows_give_no_nan(cfg):
     valid = torch.ones_like(ids, dtype=torch.bool)
     valid[1] = False  # row 1 is all padding
     valid[0, :3] = False  # row 0 is left-padded: its first queries see nothing
-    if cfg.family.name is ED:
+    if cfg.family.name == ED:
         src_valid = torch.ones(2, 7, dtype=torch.bool)
         src_valid[1] = False
-        logits = model(_rand(2, 7), ids, source_valid=src_valid, target_valid=valid)
+        logits = model(_rand(2, 7), ids, source_valid=src_valid, valid=valid)
     else:
         logits = model(ids, valid=valid)
     assert torch.isfinite(logits).all()

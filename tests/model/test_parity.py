@@ -11,18 +11,12 @@ from variants import VOCAB, tiny
 
 from blocklab.config import (
     AttentionConfig,
-    AttentionName,
     BlockConfig,
-    BlockName,
     FamilyConfig,
-    FamilyName,
     FFNConfig,
-    FFNName,
     ModelConfig,
     NormConfig,
-    NormName,
     PositionConfig,
-    PositionName,
 )
 from blocklab.model import build_model, masks
 from blocklab.model.blocks import BLOCKS, Context
@@ -31,8 +25,8 @@ D, H, FF = 32, 4, 48
 
 
 def _block_cfg(block: str, act: str) -> ModelConfig:
-    return ModelConfig(norm=NormConfig(name=NormName.layernorm), block=BlockConfig(name=BlockName(block)),
-                       ffn=FFNConfig(name=FFNName(f"{act}_mlp")), attention=AttentionConfig(),
+    return ModelConfig(norm=NormConfig(name="layernorm"), block=BlockConfig(name=block),
+                       ffn=FFNConfig(name=f"{act}_mlp"), attention=AttentionConfig(),
                        d_model=D, n_heads=H, d_ff=FF, n_layers=1)
 
 
@@ -90,7 +84,7 @@ def test_decoder_block_equals_torch_transformer_decoder_layer(block):
 def test_grouped_kv_heads_equal_mha_with_repeated_kv(attention, position):
     """GQA/MQA == MHA whose K/V projections repeat each K/V head for its group of query
     heads: checks the head-to-group mapping, not just that it runs."""
-    pos = PositionConfig(name=PositionName(position))
+    pos = PositionConfig(name=position)
     grouped = build_model(tiny(position=pos, attention=attention, n_heads=8, d_model=32)).eval()
     mha = build_model(tiny(position=pos, attention="mha", n_heads=8, d_model=32)).eval()
     sd = grouped.state_dict()
@@ -121,8 +115,8 @@ transformers = pytest.importorskip("transformers", reason="HF transformers not i
 
 
 def test_gpt2_like_decoder_equals_hf_gpt2_after_weight_copy():
-    cfg = ModelConfig(family=FamilyConfig(name=FamilyName.decoder),
-                      position=PositionConfig(name=PositionName.learned),
+    cfg = ModelConfig(family=FamilyConfig(name="decoder"),
+                      position=PositionConfig(name="learned"),
                       vocab_size=VOCAB, d_model=D, n_layers=2, n_heads=H, d_ff=4 * D,
                       max_seq_len=32)
     ours = build_model(cfg).eval()
@@ -153,11 +147,11 @@ def test_gpt2_like_decoder_equals_hf_gpt2_after_weight_copy():
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
 def test_llama_like_decoder_equals_hf_llama_after_weight_copy(n_kv_heads):
     name = {4: "mha", 2: "gqa", 1: "mqa"}[n_kv_heads]
-    cfg = ModelConfig(family=FamilyConfig(name=FamilyName.decoder),
-                      norm=NormConfig(name=NormName.rmsnorm, eps=1e-6),
-                      position=PositionConfig(name=PositionName.rope, base=10000.0),
-                      ffn=FFNConfig(name=FFNName.swiglu, bias=False),
-                      attention=AttentionConfig(name=AttentionName(name),
+    cfg = ModelConfig(family=FamilyConfig(name="decoder"),
+                      norm=NormConfig(name="rmsnorm", eps=1e-6),
+                      position=PositionConfig(name="rope", base=10000.0),
+                      ffn=FFNConfig(name="swiglu", bias=False),
+                      attention=AttentionConfig(name=name,
                                                 n_kv_heads=2 if name == "gqa" else None, bias=False),
                       vocab_size=VOCAB, d_model=D, n_layers=2, n_heads=4, d_ff=FF,
                       max_seq_len=64, tie_embeddings=False)

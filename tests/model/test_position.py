@@ -12,10 +12,8 @@ import torch
 from blocklab.config import (
     ConfigError,
     FamilyConfig,
-    FamilyName,
     ModelConfig,
     PositionConfig,
-    PositionName,
     RopeScaling,
     validate_model,
 )
@@ -42,7 +40,7 @@ def _make(cls, cfg: PositionConfig, *, d_model: int = 16, d_head: int = 8, n_hea
 
 def _rope(scaling: RopeScaling, factor: float = 1.0, *, d_head: int = 32, base: float = 10000.0,
           original: int | None = None, max_seq_len: int = 512, **extra) -> RoPE:
-    cfg = PositionConfig(name=PositionName.rope, base=base, scaling=scaling, factor=factor,
+    cfg = PositionConfig(name="rope", base=base, scaling=scaling, factor=factor,
                          original_max_seq_len=original, **extra)
     return _make(RoPE, cfg, d_model=2 * d_head, d_head=d_head, max_seq_len=max_seq_len)
 
@@ -71,7 +69,7 @@ def _sinusoid_reference(positions: list[int], d: int) -> list[list[float]]:
 @pytest.mark.parametrize("d_model", [8, 16, 7, 13], ids=lambda d: f"d{d}")
 def test_sinusoidal_matches_paper_formula(d_model):
     pos = [[0, 1, 2, 5, 15], [16, 100, 511, 1000, 4097]]  # beyond max_seq_len=16 too
-    sin = _make(Sinusoidal, PositionConfig(name=PositionName.sinusoidal), d_model=d_model,
+    sin = _make(Sinusoidal, PositionConfig(name="sinusoidal"), d_model=d_model,
                 d_head=4, max_seq_len=16)
     x = torch.zeros(2, 5, d_model)
     got = sin.embed(x, torch.tensor(pos)).double()
@@ -319,7 +317,7 @@ def test_alibi_slopes_non_power_of_two(n):
 
 @pytest.mark.parametrize("n_heads", [4, 6], ids=lambda n: f"h{n}")
 def test_alibi_score_bias_is_linear_in_distance(n_heads):
-    alibi = _make(ALiBi, PositionConfig(name=PositionName.alibi), n_heads=n_heads, d_model=24,
+    alibi = _make(ALiBi, PositionConfig(name="alibi"), n_heads=n_heads, d_model=24,
                   d_head=4)
     q_pos = torch.tensor([[5, 6], [0, 3]])
     k_pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 9, 9, 0]])
@@ -411,9 +409,9 @@ EDGE_BUCKETS = [(2, 1), (2, 2), (3, 2), (4, 2), (4, 3), (6, 3), (8, 4), (8, 5), 
 def test_t5_bucket_in_range_for_every_accepted_config(bidirectional, num_buckets, max_distance):
     """Either the config check rejects (num_buckets, max_distance), or every bucket is a valid
     row of the bias table: an encoder uses bidirectional buckets, a decoder causal ones."""
-    family = FamilyName.encoder if bidirectional else FamilyName.decoder
+    family = "encoder" if bidirectional else "decoder"
     m = ModelConfig(family=FamilyConfig(name=family),
-                    position=PositionConfig(name=PositionName.t5_bias, num_buckets=num_buckets,
+                    position=PositionConfig(name="t5_bias", num_buckets=num_buckets,
                                             max_distance=max_distance))
     try:
         validate_model(m)
@@ -429,7 +427,7 @@ def test_t5_bucket_in_range_for_every_accepted_config(bidirectional, num_buckets
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_t5_bias_gathers_bucket_per_head(causal):
-    cfg = PositionConfig(name=PositionName.t5_bias, num_buckets=8, max_distance=20)
+    cfg = PositionConfig(name="t5_bias", num_buckets=8, max_distance=20)
     t5 = _make(T5Bias, cfg, n_heads=3, d_model=12, d_head=4, causal=causal)
     with torch.no_grad():
         t5.bias.weight.copy_(torch.randn(8, 3, generator=torch.Generator().manual_seed(3)))

@@ -1,4 +1,5 @@
-"""Fault-injection tests for blocklab's checkpoint format (RELIABILITY.md sections C and D).
+"""Fault-injection tests for blocklab's checkpoint format (docs/reliability.md: "Atomic,
+verified checkpoints", "Integrity and security", "Storage faults").
 
 Every test corrupts, interrupts or starves a save/load and asserts the documented promise:
 verified before deserialization, ``weights_only=True`` only, atomic replacement, and clear

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from blocklab import checkpoint as ckpt
+from blocklab import objectives
 from blocklab.config import compose
-from blocklab.train import objectives
 from blocklab.train.module import NonFiniteError
 from blocklab.train.run import train
 

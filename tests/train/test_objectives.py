@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 
-from blocklab.config import DataConfig, FamilyName, PositionConfig, PositionName, TaskWeights
+from blocklab.config import DataConfig, PositionConfig, TaskWeights
 from blocklab.data.mixture import Mixture
 from blocklab.data.synthetic import BOS, MASK, Example, Vocab, example_rng, needle
 from blocklab.model import build_model
-from blocklab.train.objectives import IGNORE, CausalLM, MaskedLM, Seq2Seq, token_loss
+from blocklab.objectives import IGNORE, CausalLM, MaskedLM, Seq2Seq, token_loss
+from blocklab.registry import names
 from model.variants import tiny
 
 
@@ -98,19 +99,19 @@ def test_seq2seq_splits_source_and_shifts_the_target_once():
     assert batch["labels"][0].tolist() == [ex.tokens[-1]]
 
 
-@pytest.mark.parametrize("family", list(FamilyName), ids=lambda f: f.value)
+@pytest.mark.parametrize("family", names("family"))
 def test_each_family_learns_a_tiny_task(family):
     """Copying (decoder, encoder–decoder) / masked Markov text (encoder) over 16 filler tokens:
     within 200 steps the loss falls below ln 16, the best any predictor that ignores the context
     can do — so the model uses its context through the family's masks and shift."""
     torch.manual_seed(0)
     vocab = Vocab(n_filler=16, n_keys=16, n_values=16)
-    cfg = tiny(family, PositionConfig(name=PositionName.learned), vocab_size=vocab.size, d_model=64,
+    cfg = tiny(family, PositionConfig(name="learned"), vocab_size=vocab.size, d_model=64,
                d_ff=128)
     model = build_model(cfg)
-    obj = {FamilyName.decoder: CausalLM, FamilyName.encoder: MaskedLM,
-           FamilyName.encoder_decoder: Seq2Seq}[family]()
-    task = "markov_lm" if family is FamilyName.encoder else "copy"
+    obj = {"decoder": CausalLM, "encoder": MaskedLM,
+           "encoder_decoder": Seq2Seq}[family]()
+    task = "markov_lm" if family == "encoder" else "copy"
     mix = Mixture(DataConfig(tasks=TaskWeights(needle=0, **{task: 1.0}), n_filler=16, n_keys=16, n_values=16,
                              min_len=10, seq_len=14))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import random
 
 from blocklab.config import ConfigError, DataConfig
 from blocklab.data.synthetic import (
@@ -72,7 +71,7 @@ def check_mixture(cfg: DataConfig, key: str = "data") -> None:
 class Mixture:
     """``mixture(index, step)`` -> Example; tasks drawn by weight per example, one length per
     batch uniform in ``[min_len, max_len(step)]``, where max_len follows the short-to-long
-    ``curriculum`` stages (PROBES.md: key matching is learned on short sequences first)."""
+    ``curriculum`` stages (docs/probes.md: key matching is learned on short sequences first)."""
 
     def __init__(self, cfg: DataConfig, *, salt: str = "train") -> None:
         check_mixture(cfg)
@@ -108,7 +107,3 @@ class Mixture:
                 "tasks": task_weights(self.cfg), "n_distractors": list(self.cfg.n_distractors),
                 "fillers": list(self.cfg.fillers)}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def shuffle_rng(seed: int, epoch: int) -> random.Random:
-    return random.Random(f"shuffle:{seed}:{epoch}")

@@ -4,7 +4,7 @@ disjoint train / probe seeds, pairwise-comparable probe cells).
 
 Every example has random key–value pairings, so the closed-book baseline is chance and the only
 way to answer is in-context retrieval. Needles come with distractor needles of the same format
-by default: a single needle can be solved by copying *any* value (see PROBES.md).
+by default: a single needle can be solved by copying *any* value (docs/probes.md, "A single needle is a shortcut task").
 
 Sequence formats (decoder form; ``→`` marks the supervised answer tokens):
 
@@ -50,14 +50,6 @@ class Vocab:
     @property
     def size(self) -> int:
         return self.values.stop
-
-    def token_name(self, t: int) -> str:
-        if t < len(SPECIALS):
-            return SPECIALS[t]
-        for name, r in (("f", self.filler), ("k", self.keys), ("v", self.values)):
-            if t in r:
-                return f"{name}{t - r.start}"
-        return f"?{t}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "synthetic", "specials": list(SPECIALS), "n_filler": self.n_filler,

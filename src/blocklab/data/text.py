@@ -13,7 +13,7 @@ import hashlib
 import importlib.resources
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ def corpus_files(cfg: DataConfig) -> list[Path]:
     if cfg.corpus:
         from blocklab.registry import lookup
 
-        files = lookup(CORPORA, cfg.corpus, "data.corpus")()
+        files = lookup("corpus", cfg.corpus)()
     else:
         files = [Path(f) for f in cfg.files]
     if not files:
@@ -65,7 +65,6 @@ class Stats:
     truncated_documents: int = 0
     tokens: int = 0
     invalid_utf8: int = 0  # byte sequences replaced by U+FFFD (plain-text files)
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def invalid_utf8(path: Path) -> tuple[int, int | None]:

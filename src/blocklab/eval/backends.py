@@ -4,40 +4,24 @@ causal LM gets the same interface in :mod:`blocklab.eval.hf`):
 - ``answer_logprobs(prompts, answers)`` → ``(logp (B, A, V), mask (B, A))``: teacher-forced
   log-distributions at every answer token (decoder: after the query; encoder–decoder: haystack
   and query in the source, the answer as the target; encoder: the answer slots masked);
-- ``greedy(prompts, max_new_tokens)``: greedy continuation through the KV cache;
-- ``token_nll(windows)``: per-token negative log-likelihood (causal models only);
+- ``greedy(prompts, max_new_tokens)``: greedy continuation (through the KV cache where the
+  family has one);
+- ``token_nll(windows)``: per-token negative log-likelihood (causal LMs only,
+  ``supports_perplexity``);
 - ``max_length()``: the longest input the position scheme can index (``None`` = any).
+
+A blocklab model is scored through its run's own objective (objectives.py): the batch format,
+shift and masking are the ones it was trained with, and nothing here names a family.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from blocklab.data.synthetic import BOS, MASK, PAD, Example
-from blocklab.train.objectives import OBJECTIVES
-
-
-def left_pad(rows: list[list[int]], pad: int = PAD) -> tuple[Tensor, Tensor]:
-    """(ids, valid) with every row right-aligned (prompts for generation)."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        valid[i, width - len(r):] = True
-    return ids, valid
-
-
-def right_pad(rows: list[list[int]], pad: int = PAD) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        valid[i, : len(r)] = True
-    return ids, valid
+from blocklab.config import DataConfig
+from blocklab.data.synthetic import Example
+from blocklab.objectives import Objective, build_objective
 
 
 def scatter_rows(flat: Tensor, counts: list[int]) -> tuple[Tensor, Tensor]:
@@ -50,18 +34,20 @@ def scatter_rows(flat: Tensor, counts: list[int]) -> tuple[Tensor, Tensor]:
 
 
 class BlocklabBackend:
-    """A blocklab model of any family, scored through its own objective's batch format (the
-    same shift and masking as in training)."""
+    """A blocklab model of any family, scored through its objective's batch format (the same
+    shift and masking as in training). Without an objective, the family's default one for
+    the default data config (unpacked)."""
 
-    def __init__(self, model: torch.nn.Module, *, name: str = "blocklab") -> None:
+    def __init__(self, model: torch.nn.Module, objective: Objective | None = None, *,
+                 name: str = "blocklab") -> None:
         self.model = model
-        self.family = model.config.family.name.value
-        self.objective = OBJECTIVES[self.family]()
+        self.family = model.config.family.name
+        self.objective = objective or build_objective(self.family, DataConfig())
+        self.supports_perplexity = self.objective.causal_lm
         self.name = name
 
     def max_length(self) -> int | None:
-        m = self.model.config
-        return m.max_seq_len if m.position.name.value == "learned" else None
+        return self.model.max_positions
 
     def answer_logprobs(self, prompts: list[list[int]], answers: list[list[int]]
                         ) -> tuple[Tensor, Tensor]:
@@ -72,23 +58,7 @@ class BlocklabBackend:
         return scatter_rows(flat, [len(a) for a in answers])
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        from blocklab.model.generate import generate
-
-        if self.family == "encoder":  # parallel mask prediction at max_new_tokens slots
-            logp, _ = self.answer_logprobs(prompts, [[MASK] * max_new_tokens for _ in prompts])
-            return logp.argmax(-1).tolist()
-        if self.family == "encoder_decoder":
-            src, valid = right_pad(prompts)
-            start = torch.full((len(prompts), 1), BOS, dtype=torch.long)
-            out = generate(self.model, start, max_new_tokens=max_new_tokens, source_ids=src,
-                           source_valid=valid)
-        else:
-            ids, valid = left_pad(prompts)
-            out = generate(self.model, ids, prompt_valid=valid, max_new_tokens=max_new_tokens)
-        return out.tolist()
+        return self.objective.greedy(self.model, prompts, max_new_tokens)
 
     def token_nll(self, windows: Tensor) -> Tensor:
-        if self.family != "decoder":
-            raise ValueError(f"perplexity needs a causal LM, not a {self.family} model")
-        logits = self.model(windows[:, :-1]).float()
-        return F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")
+        return self.objective.token_nll(self.model, windows)

@@ -1,8 +1,11 @@
 """Evaluate a checkpoint on its own: rebuild model, tokenizer and data stream from the
-checkpoint's stored config (plain data, never instantiated) and report validation loss."""
+checkpoint's stored config (plain data, never instantiated) and report validation loss and
+probes. The data streams (data/streams.py) and the objective (objectives.py) are built by the
+same functions training uses, so the validation loss equals the one the run logged."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ from omegaconf import OmegaConf
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig
+from blocklab.provenance import config_hash, digest
 
 
 def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
@@ -23,17 +27,15 @@ def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
 def validation_loss(path: str | Path, *, batches: int | None = None,
                     batch_size: int | None = None) -> dict[str, Any]:
     from blocklab.data.datamodule import ExampleSource, ResumableBatches
-    from blocklab.train.objectives import OBJECTIVES
-    from blocklab.train.run import _data
+    from blocklab.data.streams import build_streams
+    from blocklab.objectives import build_objective
 
     path = ckpt.resolve(path)
     model, _, meta = ckpt.load_model(path)
     tc = stored_train_config(meta)
-    _, val_make, _, _, _ = _data(tc)
-    family = tc.model.family.name.value
-    kw = {"pack_to": tc.data.seq_len if tc.data.packing else None} if family == "decoder" else {}
-    objective = OBJECTIVES[family](**kw)
-    source = ExampleSource(val_make)
+    streams = build_streams(tc.data, tc.tokenizer)
+    objective = build_objective(tc.model.family.name, tc.data)
+    source = ExampleSource(streams.val)
     total, count = 0.0, 0
     for batch_keys in ResumableBatches(batch_size or tc.data.batch_size,
                                        stop=batches or tc.data.val_batches):
@@ -48,24 +50,6 @@ def validation_loss(path: str | Path, *, batches: int | None = None,
 
 
 # ------------------------------------------------------------------------------------ probes
-
-VOLATILE = ("resume", "run_dir", "out_root", "allow_data_change", "logger", "probes",
-            "checkpoint_probes", "objective")
-
-
-def config_hash(config: dict[str, Any]) -> str:
-    """Hash of the training config without bookkeeping keys (where outputs go, logging,
-    probes): equal for a run and its exact resume."""
-    import hashlib
-
-    kept = {k: v for k, v in config.items() if k not in VOLATILE}
-    trainer = dict(kept.get("trainer", {}))
-    for k in ("max_steps", "progress_bar", "log_every_steps", "val_every_steps",
-              "ckpt_every_steps", "keep_checkpoints"):
-        trainer.pop(k, None)
-    kept["trainer"] = trainer
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
 
 def probe_keys(meta: dict[str, Any], spec, *, step: int, checkpoint: str | None) -> dict[str, Any]:
     """The keys every probe row and summary carries, so results across checkpoints and runs
@@ -108,13 +92,17 @@ def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], s
     """Run ``spec`` on an in-memory blocklab model (the callback and blocklab-eval share it)."""
     from blocklab.eval.backends import BlocklabBackend
     from blocklab.eval.probes import run_spec
+    from blocklab.objectives import build_objective
 
     builder, decode = probe_builder(spec, tc, meta["tokenizer"])
+    # Probe items are scored one per row (never packed), in the run's own batch format.
+    objective = build_objective(tc.model.family.name,
+                                dataclasses.replace(tc.data, packing=False))
     keys = probe_keys(meta, spec, step=step, checkpoint=checkpoint)
     was_training = model.training
     model.eval()
     try:
-        return run_spec(BlocklabBackend(model), spec, builder=builder,
+        return run_spec(BlocklabBackend(model, objective), spec, builder=builder,
                         train_length=spec.train_length or tc.data.seq_len, keys=keys,
                         out_dir=out_dir, decode=decode, log=log, plots=plots)
     finally:
@@ -143,8 +131,6 @@ def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,
              out: str | Path | None = None, log=print):
     """``blocklab-eval hf_model=<dir> [hf_gguf=<file>] probes=text``: the same text-space
     probes on a Hugging Face causal LM, through :class:`blocklab.eval.hf.HFCausalLM`."""
-    import hashlib
-
     from blocklab.eval.hf import HFCausalLM, load_hf_causal_lm
     from blocklab.eval.items import spec_hash
     from blocklab.eval.probes import run_spec
@@ -166,11 +152,9 @@ def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,
     builder = TextBuilder(text_tok, spec, chat=chat)
     config = model.config.to_dict()
     keys = {"step": None, "checkpoint": f"hf:{model_dir}" + (f"/{gguf_file}" if gguf_file else ""),
-            "config_hash": hashlib.sha256(json.dumps(config, sort_keys=True, default=str)
-                                          .encode()).hexdigest()[:16],
+            "config_hash": digest(config),
             "arch_hash": None,
-            "tokenizer_hash": hashlib.sha256(json.dumps(sorted(hf_tok.get_vocab().items()))
-                                             .encode()).hexdigest()[:16],
+            "tokenizer_hash": digest(sorted(hf_tok.get_vocab().items())),
             "spec_hash": spec_hash(spec)}
     out_dir = Path(out) if out else Path("outputs") / "eval" / name / f"{spec.name}-{spec_hash(spec)}"
     return run_spec(HFCausalLM(model, hf_tok, name=f"hf:{name}",

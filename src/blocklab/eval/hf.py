@@ -47,6 +47,7 @@ class HFCausalLM:
     the tokenizer's eos plus the model's ``generation_config.eos_token_id`` (``self.eos_ids``)."""
 
     family = "decoder"
+    supports_perplexity = True
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str | None = None,
                  batch_size: int = 8) -> None:

@@ -1,10 +1,11 @@
 """PNG plots of long-context probe results (needle heatmaps, lost-in-the-middle curves,
-perplexity against length).
+perplexity against length; docs/probes.md, "Grids and reports").
 
 Every function takes ``cells``, the rows of the long-form results table (dicts; numbers may
 also be CSV strings, and ``""``/``"None"``/``"nan"`` read as missing), writes one PNG and
-returns its path. matplotlib is imported lazily and only through its object API (``Figure`` +
-the Agg canvas): no ``pyplot``, no global state, no GUI backend.
+returns its path. Figures are made and saved through :mod:`blocklab.plotting` (matplotlib
+imported lazily, object API only: no ``pyplot``, no global state, no GUI backend), so importing
+this module loads neither matplotlib nor torch.
 """
 
 from __future__ import annotations
@@ -12,35 +13,19 @@ from __future__ import annotations
 import math
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-_DPI = 120
+from blocklab.plotting import colours, finite_float, finite_int, new_figure, no_data, save_png
+
 _NA_COLOUR = "#b0b0b0"
 _MISSING_COLOUR = "#f2f2f2"
 _TRAIN_COLOUR = "#d62728"
 
 Cell = Mapping[str, Any]
 
-
 # --------------------------------------------------------------------------- helpers
-
-
-def finite_float(value: Any) -> float | None:
-    """A finite float, or None for missing / N/A / unparsable values."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
-def finite_int(value: Any) -> int | None:
-    out = finite_float(value)
-    return None if out is None else round(out)
 
 
 def _is_na(cell: Cell, key: str = "accuracy") -> bool:
@@ -70,6 +55,12 @@ def _mean(values: Iterable[float | None], weights: Iterable[float | None] | None
     return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
 
 
+def _ok_mean(cells: Iterable[Cell], key: str = "accuracy") -> float | None:
+    """Mean of ``key`` over the cells that are not N/A, weighted by their ``n``."""
+    ok = [c for c in cells if not _is_na(c)]
+    return _mean((finite_float(c.get(key)) for c in ok), (finite_float(c.get("n")) for c in ok))
+
+
 def _first_values(rows: Iterable[Cell], key: str) -> list[float]:
     """Distinct non-missing values of ``key``, in order of first appearance."""
     seen: list[float] = []
@@ -86,28 +77,103 @@ def _ratio_label(length: int, train_length: int | None) -> str:
     return f"×{length / train_length:.3g}"
 
 
-def _new_figure(figsize: tuple[float, float]) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=figsize, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Any, path: str | os.PathLike[str]) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=_DPI, format="png", facecolor="white")
-    return out
-
-
-def _no_data(ax: Any, message: str) -> None:
-    ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center",
-            fontsize=11, color="dimgray", bbox={"facecolor": "white", "edgecolor": "lightgray"})
-
-
 # --------------------------------------------------------------------------- needle
+
+
+def _train_position(lengths: Sequence[int], train_length: int | None
+                    ) -> tuple[int | None, float | None]:
+    """Where the training length sits on the heatmap's length axis: its column when it is one
+    of the lengths, else a fractional x (log-interpolated) when it falls between two columns."""
+    if not train_length:
+        return None, None
+    if train_length in lengths:
+        return list(lengths).index(train_length), None
+    if lengths[0] < train_length < lengths[-1]:
+        j = max(k for k, n in enumerate(lengths) if n < train_length)
+        lo, hi = math.log(lengths[j]), math.log(lengths[j + 1])
+        return None, j + (math.log(train_length) - lo) / (hi - lo)
+    return None, None
+
+
+def _niah_grid(vrows: Iterable[Cell], row_of: Mapping[float | None, int],
+               col: Mapping[int, int]) -> tuple[Any, Any]:
+    """(accuracy, state) arrays of one variant's panel, depth × length; state is 0 for an
+    absent cell, 1 for a value, 2 for N/A. Repeated cells are averaged, weighted by n."""
+    import numpy as np
+
+    groups: dict[tuple[int, int], list[Cell]] = defaultdict(list)
+    for r in vrows:
+        groups[(row_of[finite_float(r.get("depth"))], col[finite_int(r.get("length"))])].append(r)
+    acc = np.full((len(row_of), len(col)), np.nan)
+    state = np.zeros((len(row_of), len(col)), dtype=int)
+    for (i, j), grp in groups.items():
+        mean = _ok_mean(grp)
+        if mean is None:
+            state[i, j] = 2
+        else:
+            acc[i, j], state[i, j] = mean, 1
+    return acc, state
+
+
+def _draw_niah_panel(ax: Any, acc: Any, state: Any, cmap: Any, font: int) -> Any:
+    """The heatmap of one panel with its cell labels ("0.87", "N/A") and a light cell grid;
+    returns the image (for the colour bar)."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    n_rows, n_cols = acc.shape
+    masked = np.ma.masked_where(state != 1, acc)
+    image = ax.imshow(masked, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto",
+                      interpolation="nearest")
+    for i, j in zip(*np.nonzero(state == 0)):
+        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=_MISSING_COLOUR,
+                               edgecolor="none"))
+    for i in range(n_rows):
+        for j in range(n_cols):
+            if state[i, j] == 1:
+                r, g, b, _ = cmap(acc[i, j])
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
+                ax.text(j, i, f"{acc[i, j]:.2f}", ha="center", va="center", fontsize=font,
+                        color="white" if dark else "black")
+            elif state[i, j] == 2:
+                ax.text(j, i, "N/A", ha="center", va="center", fontsize=font, color="black")
+    ax.set_xticks(np.arange(-0.5, n_cols, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, n_rows, 1), minor=True)
+    ax.grid(which="minor", color="white", linewidth=1)
+    ax.tick_params(which="minor", length=0)
+    return image
+
+
+def _mark_train_length(ax: Any, lengths: Sequence[int], train_length: int | None,
+                       n_rows: int) -> None:
+    """Box the training-length column (bold red tick), or draw a dashed line where it falls
+    between columns, or say in the axis label that it lies outside them."""
+    from matplotlib.patches import Rectangle
+
+    train_col, train_x = _train_position(lengths, train_length)
+    if train_col is not None:
+        ax.add_patch(Rectangle((train_col - 0.5, -0.5), 1, n_rows, fill=False,
+                               edgecolor=_TRAIN_COLOUR, linewidth=3, clip_on=False, zorder=5))
+        for lbl, n in zip(ax.get_xticklabels(), lengths):
+            if n == train_length:
+                lbl.set_color(_TRAIN_COLOUR)
+                lbl.set_fontweight("bold")
+    elif train_x is not None:
+        ax.axvline(train_x, color=_TRAIN_COLOUR, linestyle="--", linewidth=2.5, zorder=5)
+        ax.set_xlabel(f"context length (tokens); dashed line: train L={train_length:,}")
+    elif train_length:
+        side = "<" if train_length < lengths[0] else ">"
+        ax.set_xlabel(f"context length (tokens); train L={train_length:,} {side} all columns")
+
+
+def _length_labels(lengths: Sequence[int], train_length: int | None) -> list[str]:
+    labels = []
+    for n in lengths:
+        parts = [f"{n:,}"]
+        if train_length:
+            parts.append("train L" if n == train_length else _ratio_label(n, train_length))
+        labels.append("\n".join(parts))
+    return labels
 
 
 def plot_niah(cells: Iterable[Cell], path: str | os.PathLike[str], *,
@@ -116,9 +182,7 @@ def plot_niah(cells: Iterable[Cell], path: str | os.PathLike[str], *,
 
     N/A cells (accuracy None or status "n/a: ...") are grey with "N/A"; absent cells are
     blank. The training length is boxed (or a dashed line if it falls between columns)."""
-    import numpy as np
     from matplotlib import colormaps
-    from matplotlib.patches import Rectangle
 
     rows = _select(cells, "needle")
     lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None})
@@ -133,171 +197,121 @@ def plot_niah(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     cmap = colormaps["viridis"].with_extremes(bad=_NA_COLOUR)
     n_var, n_rows, n_cols = len(variants), len(depth_keys), len(lengths)
     panel_w = max(2.6, 0.85 * n_cols + 1.3)
-    fig = _new_figure((panel_w * n_var + 1.2, max(2.8, 0.48 * n_rows + 2.0)))
+    fig = new_figure((panel_w * n_var + 1.2, max(2.8, 0.48 * n_rows + 2.0)))
     axes = fig.subplots(1, n_var, squeeze=False)[0]
     font = 9 if n_cols <= 8 else 7
-
-    train_col = col.get(train_length) if train_length else None
-    train_x: float | None = None
-    if train_length and train_col is None and lengths[0] < train_length < lengths[-1]:
-        j = max(k for k, n in enumerate(lengths) if n < train_length)
-        lo, hi = math.log(lengths[j]), math.log(lengths[j + 1])
-        train_x = j + (math.log(train_length) - lo) / (hi - lo)
-
-    xticklabels = []
-    for n in lengths:
-        parts = [f"{n:,}"]
-        if train_length:
-            parts.append("train L" if n == train_length else _ratio_label(n, train_length))
-        xticklabels.append("\n".join(parts))
+    xticklabels = _length_labels(lengths, train_length)
     ylabels = ["—" if d is None else f"{100 * d:.0f}%" for d in depth_keys]
 
     image = None
     for ax, variant in zip(axes, variants):
         vrows = [r for r in rows if _variant(r) == variant and finite_int(r.get("length")) is not None]
-        groups: dict[tuple[int, int], list[Cell]] = defaultdict(list)
-        for r in vrows:
-            groups[(row_of[finite_float(r.get("depth"))], col[finite_int(r.get("length"))])].append(r)
-        acc = np.full((n_rows, n_cols), np.nan)
-        state = np.zeros((n_rows, n_cols), dtype=int)  # 0 absent, 1 value, 2 N/A
-        for (i, j), grp in groups.items():
-            ok = [g for g in grp if not _is_na(g)]
-            mean = _mean((finite_float(g.get("accuracy")) for g in ok), (finite_float(g.get("n")) for g in ok))
-            if mean is None:
-                state[i, j] = 2
-            else:
-                acc[i, j], state[i, j] = mean, 1
-        masked = np.ma.masked_where(state != 1, acc)
-        image = ax.imshow(masked, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto",
-                          interpolation="nearest")
-        for i, j in zip(*np.nonzero(state == 0)):
-            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=_MISSING_COLOUR,
-                                   edgecolor="none"))
-        for i in range(n_rows):
-            for j in range(n_cols):
-                if state[i, j] == 1:
-                    r, g, b, _ = cmap(acc[i, j])
-                    dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5
-                    ax.text(j, i, f"{acc[i, j]:.2f}", ha="center", va="center", fontsize=font,
-                            color="white" if dark else "black")
-                elif state[i, j] == 2:
-                    ax.text(j, i, "N/A", ha="center", va="center", fontsize=font,
-                            color="black")
-        # Light cell grid.
-        ax.set_xticks(np.arange(-0.5, n_cols, 1), minor=True)
-        ax.set_yticks(np.arange(-0.5, n_rows, 1), minor=True)
-        ax.grid(which="minor", color="white", linewidth=1)
-        ax.tick_params(which="minor", length=0)
+        acc, state = _niah_grid(vrows, row_of, col)
+        image = _draw_niah_panel(ax, acc, state, cmap, font)
         ax.set_xticks(range(n_cols), xticklabels, fontsize=8)
         ax.set_yticks(range(n_rows), ylabels, fontsize=8)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth")
-
-        if train_col is not None:
-            ax.add_patch(Rectangle((train_col - 0.5, -0.5), 1, n_rows, fill=False,
-                                   edgecolor=_TRAIN_COLOUR, linewidth=3, clip_on=False,
-                                   zorder=5))
-            for lbl, n in zip(ax.get_xticklabels(), lengths):
-                if n == train_length:
-                    lbl.set_color(_TRAIN_COLOUR)
-                    lbl.set_fontweight("bold")
-        elif train_x is not None:
-            ax.axvline(train_x, color=_TRAIN_COLOUR, linestyle="--", linewidth=2.5, zorder=5)
-            ax.set_xlabel(f"context length (tokens); dashed line: train L={train_length:,}")
-        elif train_length:
-            side = "<" if train_length < lengths[0] else ">"
-            ax.set_xlabel(f"context length (tokens); train L={train_length:,} {side} all columns")
-
+        _mark_train_length(ax, lengths, train_length, n_rows)
         subtitle = variant
         copy_vals = _first_values(vrows, "copy_any_value")
         if copy_vals:
-            shown = ", ".join(f"{v:.2f}" for v in copy_vals[:3])
-            subtitle += f"\ncopy-any-value line = {shown}"
+            subtitle += f"\ncopy-any-value line = {', '.join(f'{v:.2f}' for v in copy_vals[:3])}"
         ax.set_title(subtitle, fontsize=10)
 
     fig.colorbar(image, ax=list(axes), label="accuracy", shrink=0.9, pad=0.02)
     fig.suptitle(title or "Needle in a haystack: accuracy by depth and length", fontsize=12)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 # --------------------------------------------------------------------------- lost in the middle
+
+
+_LITM_CURVES = ("kv_records", "query_aware")
+_LITM_STYLE = {"kv_records": ("-", "o", -0.006), "query_aware": ("--", "s", 0.006)}
+
+
+def _litm_points(curve_rows: Iterable[Cell], variant: str, m: int
+                 ) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(relative position, accuracy, lower error, upper error) of one variant's curve at m
+    records; positions whose cells are all N/A are left out."""
+    groups: dict[float, list[Cell]] = defaultdict(list)
+    for r in curve_rows:
+        pos = finite_int(r.get("gold_position"))
+        if _variant(r) != variant or finite_int(r.get("n_records")) != m or pos is None:
+            continue
+        groups[pos / (m - 1) if m > 1 else 0.0].append(r)
+    xs, ys, lo_err, hi_err = [], [], [], []
+    for x in sorted(groups):
+        y = _ok_mean(groups[x])
+        if y is None:
+            continue
+        lo, hi = _ok_mean(groups[x], "ci_low"), _ok_mean(groups[x], "ci_high")
+        xs.append(x)
+        ys.append(y)
+        lo_err.append(max(0.0, y - lo) if lo is not None else 0.0)
+        hi_err.append(max(0.0, hi - y) if hi is not None else 0.0)
+    return xs, ys, lo_err, hi_err
+
+
+def _litm_reference_lines(ax: Any, rows: Sequence[Cell], curve_rows: Sequence[Cell],
+                          colour: Mapping[int, Any]) -> bool:
+    """Oracle / closed-book means, per-m copy-any-value and chance as horizontal lines; True
+    when an oracle or closed-book mean was drawn."""
+    plotted = False
+    for variant, c, ls in (("oracle", "black", "-."), ("closed_book", "dimgray", "--")):
+        mean = _ok_mean([r for r in rows if _variant(r) == variant])
+        if mean is not None:
+            plotted = True
+            ax.axhline(mean, color=c, linestyle=ls, linewidth=1.4,
+                       label=f"{variant} (mean {mean:.2f})")
+    for m, c in colour.items():
+        vals = _first_values((r for r in curve_rows if finite_int(r.get("n_records")) == m),
+                             "copy_any_value")
+        if vals:
+            ax.axhline(vals[0], color=c, linestyle=":", linewidth=1.6,
+                       label=f"copy-any-value, m={m} ({vals[0]:.3f})")
+    chances = _first_values(rows, "chance")
+    if len(chances) == 1:
+        ax.axhline(chances[0], color="silver", linestyle=(0, (1, 3)), linewidth=1.4,
+                   label=f"chance ({chances[0]:.3f})")
+        return plotted
+    for m, c in colour.items():
+        vals = _first_values((r for r in rows if finite_int(r.get("n_records")) == m), "chance")
+        if vals:
+            ax.axhline(vals[0], color=c, linestyle=(0, (1, 3)), linewidth=1.0,
+                       alpha=0.7, label=f"chance, m={m} ({vals[0]:.3f})")
+    return plotted
 
 
 def plot_litm(cells: Iterable[Cell], path: str | os.PathLike[str], *, title: str = "") -> Path:
     """Lost-in-the-middle accuracy against relative gold position, one colour per m.
 
     kv_records solid, query_aware dashed, Wilson 95% error bars; oracle / closed_book means,
-    per-m copy-any-value and chance as horizontal reference lines."""
-    from matplotlib import colormaps
-
+    per-m copy-any-value and chance as horizontal reference lines (Liu et al. 2023, "Lost in
+    the Middle", arXiv 2307.03172)."""
     rows = _select(cells, "litm")
-    curve_variants = ("kv_records", "query_aware")
-    curve_rows = [r for r in rows if _variant(r) in curve_variants]
+    curve_rows = [r for r in rows if _variant(r) in _LITM_CURVES]
     ms = sorted({m for r in curve_rows if (m := finite_int(r.get("n_records"))) is not None})
-    palette = colormaps["tab10"].colors
-    colour = {m: palette[k % len(palette)] for k, m in enumerate(ms)}
-    style = {"kv_records": ("-", "o", -0.006), "query_aware": ("--", "s", 0.006)}
+    colour = dict(zip(ms, colours(len(ms))))
 
-    fig = _new_figure((8.8, 4.8))
+    fig = new_figure((8.8, 4.8))
     ax = fig.subplots()
     plotted = False
-    for variant in curve_variants:
-        ls, marker, dx = style[variant]
+    for variant in _LITM_CURVES:
+        ls, marker, dx = _LITM_STYLE[variant]
         for m in ms:
-            groups: dict[float, list[Cell]] = defaultdict(list)
-            for r in curve_rows:
-                pos = finite_int(r.get("gold_position"))
-                if _variant(r) != variant or finite_int(r.get("n_records")) != m or pos is None:
-                    continue
-                groups[pos / (m - 1) if m > 1 else 0.0].append(r)
-            xs, ys, lo_err, hi_err = [], [], [], []
-            for x in sorted(groups):
-                ok = [g for g in groups[x] if not _is_na(g)]
-                w = [finite_float(g.get("n")) for g in ok]
-                y = _mean((finite_float(g.get("accuracy")) for g in ok), w)
-                if y is None:
-                    continue
-                lo = _mean((finite_float(g.get("ci_low")) for g in ok), w)
-                hi = _mean((finite_float(g.get("ci_high")) for g in ok), w)
-                xs.append(x + dx)
-                ys.append(y)
-                lo_err.append(max(0.0, y - lo) if lo is not None else 0.0)
-                hi_err.append(max(0.0, hi - y) if hi is not None else 0.0)
+            xs, ys, lo_err, hi_err = _litm_points(curve_rows, variant, m)
             if not xs:
                 continue
             plotted = True
-            ax.errorbar(xs, ys, yerr=[lo_err, hi_err], color=colour[m], linestyle=ls,
-                        marker=marker, markersize=5, linewidth=1.8, capsize=3,
+            ax.errorbar([x + dx for x in xs], ys, yerr=[lo_err, hi_err], color=colour[m],
+                        linestyle=ls, marker=marker, markersize=5, linewidth=1.8, capsize=3,
                         elinewidth=1, label=f"{variant}, m={m}")
-
-    refs = [("oracle", "black", "-."), ("closed_book", "dimgray", "--")]
-    for variant, c, ls in refs:
-        ok = [r for r in rows if _variant(r) == variant and not _is_na(r)]
-        mean = _mean((finite_float(r.get("accuracy")) for r in ok), (finite_float(r.get("n")) for r in ok))
-        if mean is not None:
-            plotted = True
-            ax.axhline(mean, color=c, linestyle=ls, linewidth=1.4,
-                       label=f"{variant} (mean {mean:.2f})")
-
-    for m in ms:
-        vals = _first_values((r for r in curve_rows if finite_int(r.get("n_records")) == m),
-                             "copy_any_value")
-        if vals:
-            ax.axhline(vals[0], color=colour[m], linestyle=":", linewidth=1.6,
-                       label=f"copy-any-value, m={m} ({vals[0]:.3f})")
-    chances = _first_values(rows, "chance")
-    if len(chances) == 1:
-        ax.axhline(chances[0], color="silver", linestyle=(0, (1, 3)), linewidth=1.4,
-                   label=f"chance ({chances[0]:.3f})")
-    else:
-        for m in ms:
-            vals = _first_values((r for r in rows if finite_int(r.get("n_records")) == m), "chance")
-            if vals:
-                ax.axhline(vals[0], color=colour[m], linestyle=(0, (1, 3)), linewidth=1.0,
-                           alpha=0.7, label=f"chance, m={m} ({vals[0]:.3f})")
+    plotted = _litm_reference_lines(ax, rows, curve_rows, colour) or plotted
 
     if not plotted:
-        _no_data(ax, "no accuracy to plot (all cells N/A)")
+        no_data(ax, "no accuracy to plot (all cells N/A)")
     ax.set_xlim(-0.05, 1.05)
     ax.set_ylim(0.0, 1.05)
     ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0\n(first)", "0.25", "0.5", "0.75", "1\n(last)"])
@@ -307,42 +321,58 @@ def plot_litm(cells: Iterable[Cell], path: str | os.PathLike[str], *, title: str
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.set_title(title or "Lost in the middle: accuracy by gold-record position", fontsize=12)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 # --------------------------------------------------------------------------- perplexity
+
+
+def _ppl_curve(rows: Sequence[Cell], variant: str, lengths: Sequence[int]) -> list[float]:
+    """Mean perplexity of ``variant`` at each length; NaN (a break in the line) where N/A."""
+    ys = []
+    for n in lengths:
+        grp = [r for r in rows if _variant(r) == variant and finite_int(r.get("length")) == n
+               and not _is_na(r, "ppl")]
+        vals = [p for r in grp if (p := finite_float(r.get("ppl"))) is not None and p > 0]
+        ys.append(_mean(vals) if vals else math.nan)
+    return ys
+
+
+def _plain_log_axis(axis: Any) -> None:
+    """Log-scale tick labels as plain numbers: 20, 100, 10,000 rather than 2x10^1, 1e4."""
+    from matplotlib.ticker import LogFormatter
+
+    class _Plain(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return f"{x:,.0f}" if x >= 1 else f"{x:.2g}"
+
+    axis.set_major_formatter(_Plain(labelOnlyBase=False))
+    axis.set_minor_formatter(_Plain(labelOnlyBase=False))
 
 
 def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
                     train_length: int | None, title: str = "") -> Path:
     """Perplexity against context length (log2 x, log y), one line per variant; N/A points
     (ppl None) are skipped and break the line; dashed vertical line at the training length."""
-    from matplotlib import colormaps
-    from matplotlib.ticker import LogFormatter, NullFormatter, NullLocator
+    from matplotlib.ticker import NullFormatter, NullLocator
 
     rows = _select(cells, "perplexity")
     lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None and n > 0})
     if not lengths:
         raise ValueError("perplexity cells carry no positive 'length' to plot")
     variants = list(dict.fromkeys(_variant(r) for r in rows))
-    palette = colormaps["tab10"].colors
     markers = "osD^vP*X"
 
-    fig = _new_figure((7.5, 4.6))
+    fig = new_figure((7.5, 4.6))
     ax = fig.subplots()
     any_data = False
-    for k, variant in enumerate(variants):
-        ys = []
-        for n in lengths:
-            grp = [r for r in rows if _variant(r) == variant and finite_int(r.get("length")) == n
-                   and not _is_na(r, "ppl")]
-            vals = [p for r in grp if (p := finite_float(r.get("ppl"))) is not None and p > 0]
-            ys.append(_mean(vals) if vals else math.nan)
+    for k, (variant, colour) in enumerate(zip(variants, colours(len(variants)))):
+        ys = _ppl_curve(rows, variant, lengths)
         if all(math.isnan(y) for y in ys):
             continue
         any_data = True
-        ax.plot(lengths, ys, color=palette[k % len(palette)], marker=markers[k % len(markers)],
-                linewidth=1.8, markersize=6, label=variant)
+        ax.plot(lengths, ys, color=colour, marker=markers[k % len(markers)], linewidth=1.8,
+                markersize=6, label=variant)
 
     ax.set_xscale("log", base=2)
     lo_x, hi_x = lengths[0], lengths[-1]
@@ -354,15 +384,9 @@ def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     ax.xaxis.set_minor_formatter(NullFormatter())
     if any_data:
         ax.set_yscale("log")
-
-        class _Plain(LogFormatter):  # 20, 100, 10,000 rather than 2x10^1, 1e4
-            def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
-                return f"{x:,.0f}" if x >= 1 else f"{x:.2g}"
-
-        ax.yaxis.set_major_formatter(_Plain(labelOnlyBase=False))
-        ax.yaxis.set_minor_formatter(_Plain(labelOnlyBase=False))
+        _plain_log_axis(ax.yaxis)
     else:
-        _no_data(ax, "no perplexity to plot (all cells N/A)")
+        no_data(ax, "no perplexity to plot (all cells N/A)")
     if train_length:
         ax.axvline(train_length, color=_TRAIN_COLOUR, linestyle="--", linewidth=1.6,
                    label=f"train length ({train_length:,})")
@@ -372,4 +396,4 @@ def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=9, loc="best")
     ax.set_title(title or "Perplexity by context length", fontsize=12)
-    return _save(fig, path)
+    return save_png(fig, path)

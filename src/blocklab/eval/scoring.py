@@ -1,51 +1,118 @@
-"""Aggregate statistics shared by every probe (PROBES.md, "Grids and reports")."""
+"""Per-example scoring of probe items on a backend (docs/probes.md, "Grids and reports").
+
+For each item: argmax accuracy (every answer token the argmax under teacher forcing), greedy
+exact match of the whole answer through the KV cache (text space: normalized substring match of
+the generation), log-prob of the gold answer, its margin over the best other in-context answer,
+the rank of the gold first token in the vocabulary, and whether the prediction is *any*
+in-context answer (the copy-any-value shortcut: a model that copies some value scores
+1/(k+1) with k distractors without retrieving anything).
+
+Items are scored in batches, with no per-example Python in the model's hot path. The
+statistics over these rows live in ``blocklab.eval.aggregate``.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from blocklab.eval.items import ProbeItem
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (95% by default): well behaved at 0 and
-    n successes and for small n, unlike the normal approximation. Wilson (1927), "Probable
-    inference, the law of succession, and statistical inference", JASA 22(158)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes={successes} outside [0, n={n}]")
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact ends, no rounding residue
-    hi = 1.0 if successes == n else min(1.0, centre + half)
-    return (lo, hi)
+def normalize(text: str) -> str:
+    """Lower case, every run of non-alphanumerics one space: how text-space answers are
+    matched against generations."""
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", text.lower()).split())
 
 
-def effective_length(accuracy_by_length: Mapping[int, float | None], threshold: float) -> int | None:
-    """Largest length L with accuracy >= ``threshold`` at L and at every shorter measured length
-    (the monotone rule of RULER, arXiv 2404.06654; Position Interpolation uses 0.2, YaRN 0.8).
-    Lengths a scheme cannot index (accuracy ``None``, N/A) end the run. ``None`` when even the
-    shortest length misses the threshold."""
-    best = None
-    for length in sorted(accuracy_by_length):
-        acc = accuracy_by_length[length]
-        if acc is None or acc < threshold:
-            break
-        best = length
+@torch.no_grad()
+def score_items(backend, items: list[ProbeItem], *, batch_size: int,
+                decode: Callable[[list[int]], str] | None = None,
+                max_new_tokens: int | None = None) -> list[dict[str, Any]]:
+    """Per-example scores, batched (no per-example Python in the model's hot path)."""
+    out: list[dict[str, Any]] = []
+    for start in range(0, len(items), batch_size):
+        out += _score_batch(backend, items[start:start + batch_size], decode, max_new_tokens)
+    return out
+
+
+def _teacher_forced(backend, items: list[ProbeItem]) -> dict[str, Any]:
+    """Gold log-prob, argmax correctness, first-token rank, copy-any-value hit and margin over
+    the best other in-context answer (tensors over the batch) from one teacher-forced pass,
+    and ``width``, the padded answer length."""
+    prompts, answers = [it.prompt for it in items], [it.answer for it in items]
+    logp, mask = backend.answer_logprobs(prompts, answers)
+    b, a = mask.shape
+    gold = torch.zeros((b, a), dtype=torch.long)
+    for i, ans in enumerate(answers):
+        gold[i, : len(ans)] = torch.tensor(ans)
+    tok_lp = logp.gather(-1, gold[..., None]).squeeze(-1).masked_fill(~mask, 0.0)
+    gold_lp = tok_lp.sum(-1)
+    pred = logp.argmax(-1)
+    first = logp[:, 0]
+    # Other in-context answers: margins and the copy-any-value diagnostic.
+    n_c = max(len(it.candidates) for it in items)
+    cand_first = torch.full((b, max(n_c, 1)), -1, dtype=torch.long)
+    for i, it in enumerate(items):
+        for c, cand in enumerate(it.candidates):
+            cand_first[i, c] = cand[0]
+    return {"width": a, "logprob": gold_lp, "argmax": ((pred == gold) | ~mask).all(-1),
+            "rank": (first > first.gather(-1, gold[:, :1])).sum(-1) + 1,
+            "any_value": (cand_first == pred[:, :1]).any(-1),
+            "margin": gold_lp - _best_other(backend, items, first)}
+
+
+def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> list[dict[str, Any]]:
+    s = _teacher_forced(backend, items)
+    a = s["width"]
+    if decode is None and a == 1:
+        # One-token answers: the first greedy token *is* the argmax of this distribution (the
+        # KV-cached generation path is checked to agree in tests), so no second pass.
+        exact, generated = s["argmax"].tolist(), None
+    else:
+        generated = backend.greedy([it.prompt for it in items], max_new_tokens or a)
+        exact = []
+        for it, g in zip(items, generated):
+            if decode is not None and it.answer_text is not None:
+                exact.append(normalize(it.answer_text) in normalize(decode(g)))
+            else:
+                exact.append(g[: len(it.answer)] == it.answer)
+    rows = []
+    for i, it in enumerate(items):
+        row = {**it.cell, "argmax": bool(s["argmax"][i]), "exact": bool(exact[i]),
+               "logprob": float(s["logprob"][i]), "margin": float(s["margin"][i]),
+               "rank": int(s["rank"][i]), "any_value": bool(s["any_value"][i]), **it.meta}
+        if generated is not None and decode is not None:
+            row["generated"] = decode(generated[i])
+        rows.append(row)
+    return rows
+
+
+def _best_other(backend, items: list[ProbeItem], first: torch.Tensor) -> torch.Tensor:
+    """Best log-prob among the other in-context answers (-inf when there are none). One-token
+    candidates are read off the same distribution; longer ones are scored jointly with the
+    prompt, batched."""
+    b = len(items)
+    best = torch.full((b,), -math.inf)
+    if all(len(c) == 1 for it in items for c in it.candidates) and all(
+            len(it.answer) == 1 for it in items):
+        for i, it in enumerate(items):
+            others = [c[0] for j, c in enumerate(it.candidates) if j != it.gold]
+            if others:
+                best[i] = first[i, others].max()
+        return best
+    pairs = [(i, c) for i, it in enumerate(items) for j, c in enumerate(it.candidates) if j != it.gold]
+    if not pairs:
+        return best
+    lp, mask = backend.answer_logprobs([items[i].prompt for i, _ in pairs], [c for _, c in pairs])
+    ids = torch.zeros(mask.shape, dtype=torch.long)
+    for r, (_, c) in enumerate(pairs):
+        ids[r, : len(c)] = torch.tensor(c)
+    total = lp.gather(-1, ids[..., None]).squeeze(-1).masked_fill(~mask, 0.0).sum(-1)
+    for r, (i, _) in enumerate(pairs):
+        best[i] = max(best[i], total[r])
     return best
-
-
-def position_curve_summary(accuracy_by_position: Mapping[int, float]) -> dict[str, float]:
-    """Lost-in-the-middle shape of accuracy over gold positions 0..m-1 (arXiv 2307.03172):
-    best–worst gap, primacy (first minus middle), recency (last minus middle) and the middle
-    drop (mean of the ends minus the middle)."""
-    if not accuracy_by_position:
-        raise ValueError("no positions")
-    positions = sorted(accuracy_by_position)
-    values = [accuracy_by_position[p] for p in positions]
-    first, last = values[0], values[-1]
-    middle = values[len(values) // 2]
-    return {"best_worst_gap": max(values) - min(values), "primacy": first - middle,
-            "recency": last - middle, "middle_drop": (first + last) / 2 - middle}

@@ -1,5 +1,5 @@
 """The text-space builder: the same probe spec rendered for a real tokenizer (a blocklab BPE or
-byte tokenizer, or any Hugging Face tokenizer) — PROBES.md, "Real tokenizers and real models".
+byte tokenizer, or any Hugging Face tokenizer) — docs/probes.md, "One spec, two builders".
 
 The haystack is built in *text* from whole sentences, the needle inserted at the sentence
 boundary nearest the target *token* depth, and the final string tokenized once; the needle is

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blocklab.config import AttentionConfig
 from blocklab.model.masks import Visibility
 from blocklab.model.position import apply_rotary
 
@@ -22,6 +23,8 @@ class KVCache:
 
     Decoding writes new keys at ``[length, length + T)``; the stack advances ``length`` once per
     forward. Cross-attention K/V (encoder–decoder) are computed once and kept in ``cross``.
+    The buffers are written in place, so decoding runs without autograd (``torch.no_grad`` or
+    ``torch.inference_mode``); a write that would need gradients is refused.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, d_head: int, capacity: int,
@@ -55,8 +58,18 @@ class KVCache:
         self.has_padding = self.has_padding or (valid is not None and not bool(valid.all()))
         return self.positions[:, :end], (self.valid[:, :end] if self.has_padding else None)
 
+    def next_positions(self) -> Tensor:
+        """(B,) the position after each row's last real cached token (what a caller's decode
+        loop continues from when it passes no ``positions``)."""
+        end = self.length
+        return torch.where(self.valid[:, :end], self.positions[:, :end] + 1, 0).amax(-1)
+
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store this layer's new K/V (B, Hkv, T, D); return all K/V so far (B, Hkv, length+T, D)."""
+        if k.requires_grad:
+            raise RuntimeError("KV cache: decoding with a cache needs gradients off; wrap the "
+                               "loop in torch.no_grad() or torch.inference_mode() (generate() "
+                               "does); to train, call the model without cache=")
         start, end = self.length, self.length + k.shape[2]
         kl, vl = self._k[layer], self._v[layer]  # per-layer views, made once
         kl[:, :, start:end] = k
@@ -78,12 +91,19 @@ def _merge(o: Tensor) -> Tensor:
 
 
 class _Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *, bias: bool,
-                 dropout: float) -> None:
+    def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
+                 d_head: int) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
-        self.dropout = dropout
-        self.out = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        self.dropout = cfg.dropout
+        self.out = nn.Linear(n_heads * d_head, d_model, bias=cfg.bias)
+
+    @staticmethod
+    def param_count(cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
+                    d_head: int) -> int:
+        """q, k+v and output projections (fused or not) and their biases."""
+        q, kv = n_heads * d_head, 2 * n_kv_heads * d_head
+        return d_model * q + d_model * kv + q * d_model + (q + kv + d_model if cfg.bias else 0)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, visibility: Visibility) -> Tensor:
         o = F.scaled_dot_product_attention(
@@ -96,12 +116,18 @@ class _Attention(nn.Module):
 class SelfAttention(_Attention):
     """Multi-head self-attention with one fused QKV projection. ``n_kv_heads < n_heads`` shares
     each K/V head among ``n_heads / n_kv_heads`` query heads: GQA ("GQA", arXiv 2305.13245), or
-    MQA at one K/V head ("Fast Transformer Decoding", arXiv 1911.02150)."""
+    MQA at one K/V head ("Fast Transformer Decoding", arXiv 1911.02150).
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *, bias: bool,
-                 dropout: float) -> None:
-        super().__init__(d_model, n_heads, n_kv_heads, d_head, bias=bias, dropout=dropout)
-        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=bias)
+    An attention component (``ATTENTIONS``) is built as ``Attention(cfg: AttentionConfig, *,
+    d_model, n_heads, n_kv_heads, d_head)`` and called as ``(x, visibility, rotary, cache,
+    layer)``; the three built-in names differ only in their K/V head count
+    (config.resolve_kv_heads)."""
+
+    def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
+                 d_head: int) -> None:
+        super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                         d_head=d_head)
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=cfg.bias)
 
     def forward(self, x: Tensor, visibility: Visibility, rotary: tuple[Tensor, Tensor] | None,
                 cache: KVCache | None, layer: int) -> Tensor:
@@ -124,11 +150,12 @@ class CrossAttention(_Attention):
     """Decoder queries over encoder outputs ("Attention Is All You Need", arXiv 1706.03762).
     The encoder's K/V are computed once per generation and kept in the cache."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, d_head: int, *, bias: bool,
-                 dropout: float) -> None:
-        super().__init__(d_model, n_heads, n_kv_heads, d_head, bias=bias, dropout=dropout)
-        self.q = nn.Linear(d_model, n_heads * d_head, bias=bias)
-        self.kv = nn.Linear(d_model, 2 * n_kv_heads * d_head, bias=bias)
+    def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
+                 d_head: int) -> None:
+        super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                         d_head=d_head)
+        self.q = nn.Linear(d_model, n_heads * d_head, bias=cfg.bias)
+        self.kv = nn.Linear(d_model, 2 * n_kv_heads * d_head, bias=cfg.bias)
 
     def forward(self, x: Tensor, memory: Tensor, visibility: Visibility, cache: KVCache | None,
                 layer: int) -> Tensor:
@@ -140,3 +167,10 @@ class CrossAttention(_Attention):
             if cache is not None:
                 cache.cross[layer] = kv
         return self._attend(q, kv[0], kv[1], visibility)
+
+
+ATTENTIONS: dict[str, type[nn.Module]] = {
+    "mha": SelfAttention,
+    "gqa": SelfAttention,
+    "mqa": SelfAttention,
+}

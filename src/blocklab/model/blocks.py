@@ -1,6 +1,10 @@
 """Norm placement: one block class per placement, whose ``forward`` is the equation in its
 docstring. Norm *kind* (LayerNorm / RMSNorm) comes from norm.py; the sublayers are the same
-for every placement."""
+for every placement.
+
+A block component (``BLOCKS``) subclasses :class:`Block`, is built as ``Block(m: ModelConfig,
+layer, *, cross)`` and called as ``block(x, ctx)``; a placement that adds parameters of its own
+overrides :meth:`Block.param_count`."""
 
 from __future__ import annotations
 
@@ -9,10 +13,9 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
-from blocklab.model.attention import CrossAttention, KVCache, SelfAttention
-from blocklab.model.ffn import FFNS
+from blocklab.model.attention import CrossAttention, KVCache
+from blocklab.model.estimate import params_of
 from blocklab.model.masks import Visibility
-from blocklab.model.norm import NORMS
 from blocklab.registry import lookup
 
 
@@ -38,16 +41,26 @@ class Block(nn.Module):
     def __init__(self, m: ModelConfig, layer: int, *, cross: bool) -> None:
         super().__init__()
         self.layer = layer
-        a, kv, dh = m.attention, m.kv_heads, m.head_dim
-        self.attn = SelfAttention(m.d_model, m.n_heads, kv, dh, bias=a.bias, dropout=a.dropout)
-        self.cross = (CrossAttention(m.d_model, m.n_heads, kv, dh, bias=a.bias, dropout=a.dropout)
-                      if cross else None)
-        self.ffn = lookup(FFNS, m.ffn.name, "model.ffn.name")(m.ffn, m.d_model, m.d_ff)
-        make_norm = lookup(NORMS, m.norm.name, "model.norm.name")
+        dims = _attention_dims(m)
+        self.attn = lookup("attention", m.attention.name)(m.attention, **dims)
+        self.cross = CrossAttention(m.attention, **dims) if cross else None
+        self.ffn = lookup("ffn", m.ffn.name)(m.ffn, m.d_model, m.d_ff)
+        make_norm = lookup("norm", m.norm.name)
         n_sub = 3 if cross else 2
         self.norms = nn.ModuleList(make_norm(m.norm, m.d_model)
                                    for _ in range(n_sub * self.norms_per_sublayer))
         self.drop = nn.Dropout(m.dropout) if m.dropout else nn.Identity()
+
+    @classmethod
+    def param_count(cls, m: ModelConfig, *, cross: bool) -> int:
+        """Parameters of one block, from its components' own counts."""
+        dims = _attention_dims(m)
+        attention = params_of(lookup("attention", m.attention.name), m.attention, **dims)
+        if cross:
+            attention += params_of(CrossAttention, m.attention, **dims)
+        ffn = params_of(lookup("ffn", m.ffn.name), m.ffn, m.d_model, m.d_ff)
+        norm = params_of(lookup("norm", m.norm.name), m.norm, m.d_model)
+        return attention + ffn + (3 if cross else 2) * cls.norms_per_sublayer * norm
 
     def sublayers(self, ctx: Context) -> list:
         """The residual branches in order, each a function of its (normed) input."""
@@ -57,6 +70,11 @@ class Block(nn.Module):
                                              self.layer))
         subs.append(self.ffn)
         return subs
+
+
+def _attention_dims(m: ModelConfig) -> dict[str, int]:
+    return {"d_model": m.d_model, "n_heads": m.n_heads, "n_kv_heads": m.kv_heads,
+            "d_head": m.head_dim}
 
 
 class PreNorm(Block):

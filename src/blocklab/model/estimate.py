@@ -1,69 +1,60 @@
 """Closed-form sizes of a model config, without building it: parameters, FLOPs per token,
 activation memory and KV-cache bytes. A test checks the parameter formula against counted
-parameters and the KV-cache formula against the bytes a real cache holds, for every variant."""
+parameters and the KV-cache formula against the bytes a real cache holds, for every variant.
+
+The estimator never asks which variant it is looking at: each component says its own size
+(``param_count``), and each family its stacks and head (``Model.stacks`` and friends). A user
+component without ``param_count`` is counted by building that one component on the ``meta``
+device (no memory, no compute).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from blocklab.config import BlockName, FamilyName, FFNName, ModelConfig, NormName, PositionName
-
-
-def _norm(m: ModelConfig) -> int:
-    d = m.d_model
-    return 2 * d if m.norm.name is NormName.layernorm and m.norm.bias else d
+from blocklab.config import ModelConfig
+from blocklab.registry import lookup
 
 
-def _attention(m: ModelConfig) -> int:
-    d, h, kv, dh, bias = m.d_model, m.n_heads, m.kv_heads, m.head_dim, m.attention.bias
-    q, kv_out = h * dh, 2 * kv * dh
-    weights = d * q + d * kv_out + q * d  # q, k+v, output projections (fused or not)
-    return weights + (q + kv_out + d if bias else 0)
+def params_of(component: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Parameters of ``component(*args, **kwargs)``: its own closed form when it has one,
+    else counted on a copy built on the meta device."""
+    closed_form = getattr(component, "param_count", None)
+    if closed_form is not None:
+        return int(closed_form(*args, **kwargs))
+    import torch
 
-
-def _ffn(m: ModelConfig) -> int:
-    d, f, bias = m.d_model, m.d_ff, m.ffn.bias
-    if m.ffn.name in (FFNName.swiglu, FFNName.geglu):
-        return 3 * d * f + (2 * f + d if bias else 0)
-    return 2 * d * f + (f + d if bias else 0)
+    with torch.device("meta"):
+        module = component(*args, **kwargs)
+    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
 
 
 def _position(m: ModelConfig) -> int:
-    p = m.position.name
-    if p is PositionName.learned:
-        return m.max_seq_len * m.d_model
-    if p is PositionName.t5_bias:
-        return m.position.num_buckets * m.n_heads
-    return 0
+    return params_of(lookup("position", m.position.name), m.position, d_model=m.d_model,
+                     d_head=m.head_dim, n_heads=m.n_heads, max_seq_len=m.max_seq_len)
 
 
 def _stack(m: ModelConfig, n_layers: int, *, cross: bool) -> int:
-    norms_per_sublayer = 2 if m.block.name is BlockName.sandwich else 1
-    n_sub = 3 if cross else 2
-    block = (_attention(m) * (2 if cross else 1) + _ffn(m)
-             + n_sub * norms_per_sublayer * _norm(m))
-    final = 0 if m.block.name is BlockName.post else _norm(m)
-    return _position(m) + n_layers * block + final
+    """Position scheme + blocks + the final norm of placements that have one."""
+    block = lookup("block", m.block.name)
+    final = params_of(lookup("norm", m.norm.name), m.norm, m.d_model) if block.final_norm else 0
+    return _position(m) + n_layers * block.param_count(m, cross=cross) + final
 
 
 def count_params(m: ModelConfig) -> int:
     """Exact parameter count (shared tensors counted once)."""
-    d, v = m.d_model, m.vocab_size
-    total = v * d  # token embedding
-    fam = m.family.name
-    if fam is FamilyName.encoder_decoder:
-        total += _stack(m, m.encoder_layers, cross=False) + _stack(m, m.n_layers, cross=True)
-    else:
-        total += _stack(m, m.n_layers, cross=False)
-    if fam is FamilyName.encoder:  # MLM head: dense + norm + output bias
-        total += d * d + d + _norm(m) + v
-    return total + (0 if m.tie_embeddings else v * d)
+    family = lookup("family", m.family.name)
+    stacks = sum(_stack(m, n, cross=cross) for n, cross in family.stacks(m))
+    return m.vocab_size * m.d_model + stacks + family.head_param_count(m)
 
 
 def matmul_params(m: ModelConfig) -> int:
     """Parameters used per token in the FLOP count: everything except embedding lookups and
     position tables, with the output projection counted once even when tied."""
-    n_stacks = 2 if m.family.name is FamilyName.encoder_decoder else 1
+    family = lookup("family", m.family.name)
+    n_stacks = len(family.stacks(m))
     embed_and_head = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
     return count_params(m) - embed_and_head - n_stacks * _position(m) + m.vocab_size * m.d_model
 
@@ -80,9 +71,8 @@ class Estimate:
 
 def kv_cache_bytes(m: ModelConfig, batch: int, seq_len: int, bytes_per_value: int) -> int:
     """Dense self-attention cache: 2 (K and V) · B · L · T · H_kv · d_head · bytes."""
-    if m.family.name is FamilyName.encoder:
-        return 0
-    return 2 * batch * m.n_layers * seq_len * m.kv_heads * m.head_dim * bytes_per_value
+    layers = lookup("family", m.family.name).cached_layers(m)
+    return 2 * batch * layers * seq_len * m.kv_heads * m.head_dim * bytes_per_value
 
 
 def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
@@ -93,10 +83,11 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
     Activations: ≈ s·b·d·(34 + 5·H·s/d) bytes per layer at 2-byte values, without recomputation
     and with materialized scores ("Reducing Activation Recomputation", arXiv 2205.05198)."""
     t = seq_len or m.max_seq_len
-    # Attention layers: encoder self + decoder self + decoder cross (source length = target).
-    enc_dec = m.family.name is FamilyName.encoder_decoder
-    layers = m.n_layers + (m.encoder_layers if enc_dec else 0)
-    attn_layers = layers + (m.n_layers if enc_dec else 0)
+    # Attention layers: every block's self-attention, plus cross-attention where a stack has it
+    # (source length = target length).
+    stacks = lookup("family", m.family.name).stacks(m)
+    layers = sum(n for n, _ in stacks)
+    attn_layers = layers + sum(n for n, cross in stacks if cross)
     d_attn = m.n_heads * m.head_dim
     n_mm = matmul_params(m)
     forward = 2 * n_mm + 4 * attn_layers * t * d_attn
@@ -118,9 +109,9 @@ def human(n: float, unit: str = "") -> str:
 def table(m: ModelConfig, e: Estimate, *, batch: int, seq_len: int, bytes_per_value: int) -> str:
     gib = 2**30
     rows = [
-        ("family / norm / block", f"{m.family.name.value} / {m.norm.name.value} / {m.block.name.value}"),
+        ("family / norm / block", f"{m.family.name} / {m.norm.name} / {m.block.name}"),
         ("position / ffn / attention",
-         f"{m.position.name.value} / {m.ffn.name.value} / {m.attention.name.value} "
+         f"{m.position.name} / {m.ffn.name} / {m.attention.name} "
          f"({m.n_heads} heads, {m.kv_heads} kv heads, d_head {m.head_dim})"),
         ("parameters", f"{e.params:,} ({human(e.params)})"),
         ("matmul parameters", f"{e.matmul_params:,}"),

@@ -1,5 +1,10 @@
 """Position-wise feed-forward networks. ``d_ff`` is the hidden width (of each branch for the
-gated variants, so a gated FFN has 3·d_model·d_ff weights against 2·d_model·d_ff)."""
+gated variants, so a gated FFN has 3·d_model·d_ff weights against 2·d_model·d_ff).
+
+An FFN component is built as ``FFN(cfg: FFNConfig, d_model, d_ff)`` and maps (B, T, d) to
+(B, T, d); ``param_count(cfg, d_model, d_ff)`` gives its size in closed form (the estimator
+asks it; see docs/extending.md).
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,30 @@ from blocklab.config import FFNConfig
 
 
 class MLP(nn.Module):
-    """``W2 · act(W1 · x)``, the original Transformer FFN (ReLU, arXiv 1706.03762) or GPT/BERT's
+    """``W2 · act(W1 · x)``: the original Transformer FFN (ReLU, arXiv 1706.03762) or GPT/BERT's
     GELU variant ("Gaussian Error Linear Units", arXiv 1606.08415; exact erf form)."""
 
-    def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int, activation: str) -> None:
+    act = staticmethod(F.gelu)
+
+    def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()
         self.up = nn.Linear(d_model, d_ff, bias=cfg.bias)
         self.down = nn.Linear(d_ff, d_model, bias=cfg.bias)
-        self.act = {"gelu": F.gelu, "relu": F.relu}[activation]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.act(self.up(x)))
+
+    @staticmethod
+    def param_count(cfg: FFNConfig, d_model: int, d_ff: int) -> int:
+        return 2 * d_model * d_ff + (d_ff + d_model if cfg.bias else 0)
+
+
+class GeluMLP(MLP):
+    act = staticmethod(F.gelu)
+
+
+class ReluMLP(MLP):
+    act = staticmethod(F.relu)
 
 
 class GatedMLP(nn.Module):
@@ -28,36 +46,33 @@ class GatedMLP(nn.Module):
     T5 v1.1). "GLU Variants Improve Transformer", arXiv 2002.05202. Gate and up projections
     are one fused matmul."""
 
-    def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int, activation: str) -> None:
+    act = staticmethod(F.silu)
+
+    def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()
         self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=cfg.bias)
         self.down = nn.Linear(d_ff, d_model, bias=cfg.bias)
-        self.act = {"silu": F.silu, "gelu": F.gelu}[activation]
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(self.act(gate) * up)
 
-
-def gelu_mlp(cfg: FFNConfig, d_model: int, d_ff: int) -> nn.Module:
-    return MLP(cfg, d_model, d_ff, "gelu")
-
-
-def relu_mlp(cfg: FFNConfig, d_model: int, d_ff: int) -> nn.Module:
-    return MLP(cfg, d_model, d_ff, "relu")
+    @staticmethod
+    def param_count(cfg: FFNConfig, d_model: int, d_ff: int) -> int:
+        return 3 * d_model * d_ff + (2 * d_ff + d_model if cfg.bias else 0)
 
 
-def swiglu(cfg: FFNConfig, d_model: int, d_ff: int) -> nn.Module:
-    return GatedMLP(cfg, d_model, d_ff, "silu")
+class SwiGLU(GatedMLP):
+    act = staticmethod(F.silu)
 
 
-def geglu(cfg: FFNConfig, d_model: int, d_ff: int) -> nn.Module:
-    return GatedMLP(cfg, d_model, d_ff, "gelu")
+class GeGLU(GatedMLP):
+    act = staticmethod(F.gelu)
 
 
 FFNS = {
-    "gelu_mlp": gelu_mlp,
-    "relu_mlp": relu_mlp,
-    "swiglu": swiglu,
-    "geglu": geglu,
+    "gelu_mlp": GeluMLP,
+    "relu_mlp": ReluMLP,
+    "swiglu": SwiGLU,
+    "geglu": GeGLU,
 }

@@ -1,6 +1,14 @@
 """Autoregressive generation with the KV cache: greedy, temperature, top-k and top-p sampling,
-batched prompts of different lengths (left-padded, positions counted from each row's first real
-token). The same loop runs without a cache (full recompute each step) as a reference."""
+batched prompts of different lengths. The same loop runs without a cache (full recompute each
+step) as a reference.
+
+Everything a caller can get wrong is checked before the first step, in one line: unknown
+keyword arguments (a ``TypeError``, never swallowed), a family that cannot generate, sampling
+knobs out of range, a prompt row without any real token, and prompt + new tokens beyond what
+the position scheme can index. Padding may sit on either side (or in between): rows are
+left-aligned first, which changes nothing for the model because positions count real tokens
+only and padding keys are never visible.
+"""
 
 from __future__ import annotations
 
@@ -12,11 +20,12 @@ from blocklab.model.position import positions_from_valid
 
 def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
-    """(B, V) logits -> (B,) token ids. ``temperature == 0`` is greedy (argmax)."""
+    """(B, V) logits -> (B,) token ids. ``temperature == 0`` is greedy (argmax); ``top_k`` of
+    0 or None and ``top_p`` of 1 or None are off."""
     if temperature <= 0:
         return logits.argmax(-1)
     logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
+    if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.where(logits >= kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
@@ -30,40 +39,95 @@ def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def generate(model: torch.nn.Module, prompt_ids: Tensor, *, max_new_tokens: int,
-             prompt_valid: Tensor | None = None, temperature: float = 0.0,
+def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
+             valid: Tensor | None = None, source_ids: Tensor | None = None,
+             source_valid: Tensor | None = None, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None,
-             use_cache: bool = True, **source: Tensor | None) -> Tensor:
-    """Continue ``prompt_ids`` (B, T), left-padded where ``prompt_valid`` is False, by up to
-    ``max_new_tokens``; return only the new tokens (B, N). Rows that emitted ``eos_id`` keep
-    emitting it. Encoder–decoder models take ``source_ids=``/``source_valid=`` too (encoded
-    once) and ``prompt_ids`` is the decoder start. With the cache each step feeds one token
-    into preallocated K/V buffers; ``use_cache=False`` recomputes the whole prefix (reference)."""
+             use_cache: bool = True) -> Tensor:
+    """Continue ``input_ids`` (B, T) by up to ``max_new_tokens``; return only the new tokens
+    (B, N) — (B, 0) for ``max_new_tokens=0``, so ``torch.cat((input_ids, out), 1)`` is the
+    prompt. ``valid`` (B, T) marks real prompt tokens (padding on either side). Rows that
+    emitted ``eos_id`` keep emitting it. An encoder–decoder model generates from
+    ``source_ids``/``source_valid`` (encoded once) and ``input_ids`` is the decoder start. With
+    the cache each step feeds one token into preallocated K/V buffers; ``use_cache=False``
+    recomputes the whole prefix (the reference)."""
+    input_ids, valid = _check(model, input_ids, valid, max_new_tokens, source_ids,
+                              temperature, top_k, top_p)
+    if max_new_tokens == 0:
+        return input_ids.new_zeros((input_ids.shape[0], 0))
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            return _generate(model, prompt_ids, max_new_tokens, prompt_valid, use_cache, eos_id,
-                             source, {"temperature": temperature, "top_k": top_k,
-                                      "top_p": top_p, "generator": generator})
+            prepared = model.prepare(source_ids=source_ids, source_valid=source_valid)
+            return _generate(model, input_ids, valid, max_new_tokens, use_cache, eos_id,
+                             prepared, {"temperature": temperature, "top_k": top_k,
+                                        "top_p": top_p, "generator": generator})
     finally:
         model.train(was_training)
 
 
-def _generate(model: torch.nn.Module, prompt_ids: Tensor, max_new_tokens: int,
-              prompt_valid: Tensor | None, use_cache: bool, eos_id: int | None,
-              source: dict[str, Tensor | None], sampling: dict) -> Tensor:
+def left_align(ids: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Move each row's real tokens to the right end, in order (right padding or holes become
+    left padding)."""
+    order = valid.long().argsort(dim=1, stable=True)  # padding first, real tokens in order
+    return ids.gather(1, order), valid.gather(1, order)
+
+
+def _check(model: torch.nn.Module, ids: Tensor, valid: Tensor | None, max_new_tokens: int,
+           source_ids: Tensor | None, temperature: float, top_k: int | None,
+           top_p: float | None) -> tuple[Tensor, Tensor | None]:
+    if not getattr(model, "can_generate", False):
+        model.new_cache(1, 1)  # raises the family's own explanation
+        raise TypeError(f"generate: a {type(model).__name__} cannot generate")
+    if ids.dim() != 2 or ids.dtype != torch.long:
+        raise ValueError(f"generate: input_ids must be a (batch, tokens) long tensor, got "
+                         f"{tuple(ids.shape)} {ids.dtype}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens={max_new_tokens!r}: must be an int >= 0")
+    if temperature < 0:
+        raise ValueError(f"generate: temperature={temperature}: must be >= 0 (0 = greedy)")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"generate: top_k={top_k}: must be >= 0 (0 or None = off)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"generate: top_p={top_p}: must be in (0, 1] (1 or None = off)")
+    if valid is not None:
+        if valid.shape != ids.shape:
+            raise ValueError(f"generate: valid has shape {tuple(valid.shape)}, input_ids "
+                             f"{tuple(ids.shape)}")
+        valid = valid.bool()
+        empty = (~valid.any(1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"generate: prompt rows {empty} have no valid token")
+        if bool(valid.all()):
+            valid = None
+        else:
+            ids, valid = left_align(ids, valid)
+    longest = ids.shape[1] if valid is None else int(valid.sum(1).max())
+    limit = model.max_positions
+    needed = longest + max_new_tokens - 1  # the last new token is returned, never fed back
+    if limit is not None and needed > limit:
+        raise ValueError(f"generate: a prompt of {longest} tokens + max_new_tokens="
+                         f"{max_new_tokens} needs {needed} positions; the position table has "
+                         f"model.max_seq_len={limit}")
+    source_limit = getattr(model, "max_source_positions", None)
+    if source_ids is not None and source_limit is not None and source_ids.shape[1] > source_limit:
+        raise ValueError(f"generate: source_ids of {source_ids.shape[1]} tokens exceed "
+                         f"model.max_seq_len={source_limit} positions")
+    return ids, valid
+
+
+def _generate(model: torch.nn.Module, prompt_ids: Tensor, valid: Tensor | None,
+              max_new_tokens: int, use_cache: bool, eos_id: int | None,
+              prepared: dict[str, Tensor | None], sampling: dict) -> Tensor:
     b, t = prompt_ids.shape
-    pad_free = prompt_valid is None or bool(prompt_valid.all())
-    valid = None if pad_free else prompt_valid
-    if pad_free:
+    if valid is None:
         positions = torch.arange(t, device=prompt_ids.device).expand(b, t)
         next_position = torch.full((b, 1), t, device=prompt_ids.device)
     else:
-        positions = positions_from_valid(prompt_valid)
-        next_position = prompt_valid.long().sum(-1, keepdim=True)  # (B, 1)
-    prepared = model.prepare(**source)
+        positions = positions_from_valid(valid)
+        next_position = valid.long().sum(-1, keepdim=True)  # (B, 1)
     cache = model.new_cache(b, t + max_new_tokens) if use_cache else None
     ids, pos = prompt_ids, positions  # what the next forward sees
     done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)

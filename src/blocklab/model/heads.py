@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
-from blocklab.model.norm import NORMS
+from blocklab.model.estimate import params_of
 from blocklab.registry import lookup
 
 
@@ -23,6 +23,11 @@ class LMHead(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         return self.proj(h)  # (B, T, V)
 
+    @staticmethod
+    def param_count(m: ModelConfig) -> int:
+        """Parameters beyond the embedding: none when tied."""
+        return 0 if m.tie_embeddings else m.vocab_size * m.d_model
+
 
 class MLMHead(LMHead):
     """BERT's masked-LM head: dense + GELU + norm, then the (tied) vocabulary projection with a
@@ -31,9 +36,15 @@ class MLMHead(LMHead):
     def __init__(self, m: ModelConfig, embedding: nn.Embedding) -> None:
         super().__init__(m, embedding)
         self.dense = nn.Linear(m.d_model, m.d_model)
-        self.norm = lookup(NORMS, m.norm.name, "model.norm.name")(m.norm, m.d_model)
+        self.norm = lookup("norm", m.norm.name)(m.norm, m.d_model)
         self.bias = nn.Parameter(embedding.weight.new_zeros(m.vocab_size))
 
     def forward(self, h: Tensor) -> Tensor:
         h = self.norm(F.gelu(self.dense(h)))
         return F.linear(h, self.proj.weight, self.bias)  # (B, T, V)
+
+    @staticmethod
+    def param_count(m: ModelConfig) -> int:
+        d = m.d_model
+        norm = params_of(lookup("norm", m.norm.name), m.norm, d)
+        return d * d + d + norm + m.vocab_size + LMHead.param_count(m)

@@ -1,4 +1,8 @@
-"""Normalization kinds. Placement (pre / post / sandwich) is a separate axis: see blocks.py."""
+"""Normalization kinds. Placement (pre / post / sandwich) is a separate axis: see blocks.py.
+
+A norm component is built as ``Norm(cfg: NormConfig, d_model)``; ``param_count(cfg, d_model)``
+gives its size in closed form.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +11,30 @@ from torch import nn
 from blocklab.config import NormConfig
 
 
-def layernorm(cfg: NormConfig, d_model: int) -> nn.Module:
-    """LayerNorm: centre and scale. "Layer Normalization", arXiv 1607.06450."""
-    return nn.LayerNorm(d_model, eps=cfg.eps, bias=cfg.bias)
+class LayerNorm(nn.LayerNorm):
+    """Centre and scale. "Layer Normalization", arXiv 1607.06450."""
+
+    def __init__(self, cfg: NormConfig, d_model: int) -> None:
+        super().__init__(d_model, eps=cfg.eps, bias=cfg.bias)
+
+    @staticmethod
+    def param_count(cfg: NormConfig, d_model: int) -> int:
+        return 2 * d_model if cfg.bias else d_model
 
 
-def rmsnorm(cfg: NormConfig, d_model: int) -> nn.Module:
-    """RMSNorm: scale only, no centring and no bias; cheaper, used by T5 and Llama.
+class RMSNorm(nn.RMSNorm):
+    """Scale only, no centring and no bias; cheaper, used by T5 and Llama.
     "Root Mean Square Layer Normalization", arXiv 1910.07467."""
-    return nn.RMSNorm(d_model, eps=cfg.eps)
+
+    def __init__(self, cfg: NormConfig, d_model: int) -> None:
+        super().__init__(d_model, eps=cfg.eps)
+
+    @staticmethod
+    def param_count(cfg: NormConfig, d_model: int) -> int:
+        return d_model
 
 
 NORMS = {
-    "layernorm": layernorm,
-    "rmsnorm": rmsnorm,
+    "layernorm": LayerNorm,
+    "rmsnorm": RMSNorm,
 }

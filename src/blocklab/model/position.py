@@ -7,6 +7,10 @@ never asks which scheme it runs:
 - ``score_bias(q_positions, k_positions)``: relative schemes return an additive score bias
   ``(B, H, Tq, Tk)``.
 
+A position component is built as ``Scheme(cfg: PositionConfig, *, d_model, d_head, n_heads,
+max_seq_len, causal)`` (one per stack) and says its size in closed form with
+``param_count(cfg, *, d_model, d_head, n_heads, max_seq_len)``.
+
 Positions are always explicit ``(B, T)`` integer tensors: KV-cache decoding continues from the
 prompt's last position, left-padded rows start at 0 at their first real token, and packed rows
 restart at 0 at each document (see :func:`positions_from_valid`, :func:`positions_from_segments`).
@@ -23,7 +27,7 @@ from blocklab.config import PositionConfig, RopeScaling
 
 
 class Position(nn.Module):
-    """No position information (NoPE). Also the base class: every hook is a no-op."""
+    """The base class of position schemes: every hook is a no-op."""
 
     #: Largest number of positions the scheme can index; ``None`` = unbounded.
     max_positions: int | None = None
@@ -42,6 +46,16 @@ class Position(nn.Module):
         return None
 
 
+class NoPosition(Position):
+    """No position information (NoPE): causal attention alone orders the tokens.
+    "The Impact of Positional Encoding on Length Generalization in Transformers",
+    arXiv 2305.19466."""
+
+    @staticmethod
+    def param_count(cfg: PositionConfig, **dims: int) -> int:
+        return 0
+
+
 class Sinusoidal(Position):
     """Fixed sinusoids, PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same).
     "Attention Is All You Need", arXiv 1706.03762. Computed from the positions, so any length."""
@@ -56,6 +70,10 @@ class Sinusoidal(Position):
         angles = positions[..., None].float() * self.inv_freq  # (B, T, ceil(d/2))
         pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, 2*ceil(d/2))
         return x + pe[..., : self.d_model].to(x.dtype)
+
+    @staticmethod
+    def param_count(cfg: PositionConfig, **dims: int) -> int:
+        return 0
 
 
 class Learned(Position):
@@ -73,6 +91,10 @@ class Learned(Position):
             raise IndexError(f"learned positions: position {int(positions.max())} is beyond the "
                              f"table (model.max_seq_len={self.max_positions})")
         return x + self.table(positions)
+
+    @staticmethod
+    def param_count(cfg: PositionConfig, *, d_model: int, max_seq_len: int, **dims: int) -> int:
+        return max_seq_len * d_model
 
 
 def t5_bucket(relative: Tensor, *, bidirectional: bool, num_buckets: int,
@@ -111,6 +133,10 @@ class T5Bias(Position):
                             num_buckets=self.num_buckets, max_distance=self.max_distance)
         return self.bias(buckets).permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
 
+    @staticmethod
+    def param_count(cfg: PositionConfig, *, n_heads: int, **dims: int) -> int:
+        return cfg.num_buckets * n_heads
+
 
 def alibi_slopes(n_heads: int) -> list[float]:
     """Head slopes of ALiBi: the geometric sequence 2^(-8/n · h), h = 1..n, for n a power of two;
@@ -138,6 +164,10 @@ class ALiBi(Position):
     def score_bias(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
         distance = (k_positions[:, None, :] - q_positions[:, :, None]).abs().float()  # (B,Tq,Tk)
         return -self.slopes[None, :, None, None] * distance[:, None]  # (B, H, Tq, Tk)
+
+    @staticmethod
+    def param_count(cfg: PositionConfig, **dims: int) -> int:
+        return 0
 
 
 def rope_inv_freq(cfg: PositionConfig, d_head: int, max_seq_len: int) -> tuple[Tensor, float]:
@@ -194,6 +224,10 @@ class RoPE(Position):
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
         return cos, sin
 
+    @staticmethod
+    def param_count(cfg: PositionConfig, **dims: int) -> int:
+        return 0
+
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` (B, T, H, d_head), token-major, by the angles behind ``cos``/``sin``
@@ -222,7 +256,7 @@ def positions_from_segments(segments: Tensor) -> Tensor:
 
 
 POSITIONS: dict[str, type[Position]] = {
-    "none": Position,
+    "none": NoPosition,
     "sinusoidal": Sinusoidal,
     "learned": Learned,
     "t5_bias": T5Bias,

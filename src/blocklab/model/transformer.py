@@ -4,9 +4,15 @@ Encoder = bidirectional stack + MLM head; decoder = causal stack + LM head; enco
 encoder + causal stack whose blocks add cross-attention, sharing one token embedding. No
 component reads the family name: ``FAMILIES`` maps it to a class, and that is all.
 
-Inputs everywhere: ``valid`` (B, T) bool marks real tokens (None = no padding), ``positions``
-(B, T) ints (None = derived from ``valid``/``segments``), ``segments`` (B, T) ints mark packed
-documents (None = one document per row).
+One input vocabulary everywhere: ``valid`` (B, T) bool marks real tokens (None = no padding),
+``positions`` (B, T) ints (None = derived from ``valid``/``segments``, or continued from the KV
+cache), ``segments`` (B, T) ints mark packed documents (None = one document per row). These
+describe the sequence a model predicts over; an encoder–decoder's source side takes the same
+names with a ``source_`` prefix.
+
+A family component (``FAMILIES``) subclasses :class:`Model` and tells the estimator its shape:
+``stacks(m)`` (layers and cross-attention per stack), ``head_param_count(m)`` and
+``cached_layers(m)`` (layers with a self-attention KV cache).
 """
 
 from __future__ import annotations
@@ -19,22 +25,25 @@ from torch import Tensor, nn
 from blocklab.config import ModelConfig, model_config
 from blocklab.model import masks
 from blocklab.model.attention import KVCache
-from blocklab.model.blocks import BLOCKS, Context
+from blocklab.model.blocks import Context
 from blocklab.model.heads import LMHead, MLMHead
-from blocklab.model.norm import NORMS
-from blocklab.model.position import POSITIONS, positions_from_segments, positions_from_valid
+from blocklab.model.position import positions_from_segments, positions_from_valid
 from blocklab.registry import lookup
 
 
-def default_positions(x: Tensor, valid: Tensor | None, segments: Tensor | None) -> Tensor:
+def default_positions(x: Tensor, valid: Tensor | None, segments: Tensor | None,
+                      cache: KVCache | None = None) -> Tensor:
     """Positions when the caller gives none: per document for packed rows, counting real
-    tokens only for padded rows, else 0..T-1."""
+    tokens only for padded rows, else 0..T-1 — continued from each row's next position when a
+    KV cache already holds a prefix."""
     if segments is not None:
         return positions_from_segments(segments)
-    if valid is not None:
-        return positions_from_valid(valid)
     b, t = x.shape[:2]
-    return torch.arange(t, device=x.device).expand(b, t)
+    pos = (positions_from_valid(valid) if valid is not None
+           else torch.arange(t, device=x.device).expand(b, t))
+    if cache is not None and cache.length:
+        pos = pos + cache.next_positions()[:, None]
+    return pos
 
 
 class Stack(nn.Module):
@@ -43,12 +52,12 @@ class Stack(nn.Module):
     def __init__(self, m: ModelConfig, n_layers: int, *, causal: bool, cross: bool) -> None:
         super().__init__()
         self.causal = causal
-        self.position = lookup(POSITIONS, m.position.name, "model.position.name")(
+        self.position = lookup("position", m.position.name)(
             m.position, d_model=m.d_model, d_head=m.head_dim, n_heads=m.n_heads,
             max_seq_len=m.max_seq_len, causal=causal)
-        block = lookup(BLOCKS, m.block.name, "model.block.name")
+        block = lookup("block", m.block.name)
         self.blocks = nn.ModuleList(block(m, i, cross=cross) for i in range(n_layers))
-        norm = lookup(NORMS, m.norm.name, "model.norm.name")
+        norm = lookup("norm", m.norm.name)
         self.final_norm = norm(m.norm, m.d_model) if block.final_norm else nn.Identity()
         self.drop = nn.Dropout(m.dropout) if m.dropout else nn.Identity()
 
@@ -60,7 +69,9 @@ class Stack(nn.Module):
         x = self.drop(self.position.embed(x, positions))
         k_positions, k_valid = positions, valid
         if cache is not None:
-            assert segments is None, "packed segments are a training-time input, not for decoding"
+            if segments is not None:
+                raise ValueError("segments (packed documents) are a training-time input; a KV "
+                                 "cache decodes one document per row")
             k_positions, k_valid = cache.begin(positions, valid)
         ctx = Context(
             visibility=masks.self_visibility(
@@ -79,7 +90,12 @@ class Stack(nn.Module):
         return self.final_norm(x)
 
 
-class _Model(nn.Module):
+class Model(nn.Module):
+    """The base of every family: token embedding, GPT-2 init, the KV cache factory."""
+
+    #: Whether :func:`blocklab.model.generate.generate` can continue a prompt with this family.
+    can_generate: bool = True
+
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
         self.config = m
@@ -88,7 +104,8 @@ class _Model(nn.Module):
     def init_weights(self) -> None:
         """GPT-2 init: N(0, init_std) for weights, zero biases, unit norms, and residual output
         projections scaled by 1/sqrt(2·layers) ("Language Models are Unsupervised Multitask
-        Learners", 2019)."""
+        Learners", 2019). A component that needs its own initialization defines
+        ``init_weights()``; it runs after this default."""
         m = self.config
         residual_std = m.init_std / math.sqrt(2 * m.n_layers)
         for name, p in self.named_parameters():
@@ -100,6 +117,16 @@ class _Model(nn.Module):
                 nn.init.normal_(p, std=residual_std)
             else:
                 nn.init.normal_(p, std=m.init_std)
+        for module in self.modules():
+            if module is not self and callable(getattr(module, "init_weights", None)):
+                module.init_weights()
+
+    @property
+    def max_positions(self) -> int | None:
+        """Positions the (decoder) stack can index, ``None`` = any (a learned table has
+        ``max_seq_len``); generation checks prompt + new tokens against it before it starts."""
+        stack = getattr(self, "decoder", None) or self.encoder
+        return stack.position.max_positions
 
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> KVCache:
@@ -108,8 +135,24 @@ class _Model(nn.Module):
         return KVCache(len(self.decoder.blocks), batch, m.kv_heads, m.head_dim, capacity,
                        dtype=dtype or ref.dtype, device=device or ref.device)
 
+    # Shape for the estimator (model/estimate.py): stacks, head, cached layers.
+    @classmethod
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
+        """``(n_layers, cross_attention)`` of every stack, in order."""
+        raise NotImplementedError
 
-class DecoderModel(_Model):
+    @classmethod
+    def head_param_count(cls, m: ModelConfig) -> int:
+        """Parameters of the output head not shared with the embedding."""
+        return LMHead.param_count(m)
+
+    @classmethod
+    def cached_layers(cls, m: ModelConfig) -> int:
+        """Layers that keep a self-attention KV cache when decoding."""
+        return m.n_layers
+
+
+class DecoderModel(Model):
     """Decoder-only language model (GPT / Llama): causal stack + LM head."""
 
     def __init__(self, m: ModelConfig) -> None:
@@ -123,24 +166,35 @@ class DecoderModel(_Model):
                 cache: KVCache | None = None, select: Tensor | None = None) -> Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits; with ``select`` (B, T) bool, only
         the (N, V) logits of the selected positions, in row-major order (probes score a few
-        answer positions of long sequences without materialising every vocabulary row)."""
+        answer positions of long sequences without materialising every vocabulary row). With a
+        ``cache`` and no ``positions``, positions continue after what the cache holds."""
         if positions is None:
-            positions = default_positions(input_ids, valid, segments)
+            positions = default_positions(input_ids, valid, segments, cache)
         h = self.decoder(self.embed(input_ids), positions=positions, valid=valid,
                          segments=segments, cache=cache)
         return self.head(h if select is None else h[select])
 
-    def prepare(self, **_: Tensor | None) -> dict[str, Tensor | None]:
-        """Per-generation inputs computed once (none for a decoder-only model)."""
+    def prepare(self, *, source_ids: Tensor | None = None,
+                source_valid: Tensor | None = None) -> dict[str, Tensor | None]:
+        """Per-generation inputs computed once: none for a decoder-only model."""
+        if source_ids is not None or source_valid is not None:
+            raise TypeError("a decoder-only model takes no source_ids / source_valid; put the "
+                            "whole prompt in input_ids")
         return {}
 
     def decode(self, input_ids: Tensor, *, positions: Tensor, valid: Tensor | None,
                cache: KVCache | None) -> Tensor:
         return self(input_ids, positions=positions, valid=valid, cache=cache)
 
+    @classmethod
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
+        return [(m.n_layers, False)]
 
-class EncoderModel(_Model):
+
+class EncoderModel(Model):
     """Encoder-only model (BERT): bidirectional stack + masked-LM head."""
+
+    can_generate = False
 
     def __init__(self, m: ModelConfig) -> None:
         super().__init__(m)
@@ -160,10 +214,23 @@ class EncoderModel(_Model):
         return self.head(h if select is None else h[select])
 
     def new_cache(self, *a: object, **kw: object) -> KVCache:
-        raise TypeError("an encoder-only model is bidirectional: it has no KV cache")
+        raise TypeError("an encoder-only model is bidirectional: it has no KV cache and cannot "
+                        "generate left to right; predict masked slots with model(input_ids)")
+
+    @classmethod
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
+        return [(m.n_layers, False)]
+
+    @classmethod
+    def head_param_count(cls, m: ModelConfig) -> int:
+        return MLMHead.param_count(m)
+
+    @classmethod
+    def cached_layers(cls, m: ModelConfig) -> int:
+        return 0
 
 
-class EncoderDecoderModel(_Model):
+class EncoderDecoderModel(Model):
     """Encoder–decoder (original Transformer, T5): the decoder's blocks add cross-attention over
     the encoder output; one embedding shared by both sides and the LM head."""
 
@@ -182,45 +249,60 @@ class EncoderDecoderModel(_Model):
         return self.encoder(self.embed(source_ids), positions=source_positions,
                             valid=source_valid, segments=source_segments)
 
-    def forward(self, source_ids: Tensor, target_ids: Tensor, *,
-                source_valid: Tensor | None = None, target_valid: Tensor | None = None,
-                source_positions: Tensor | None = None, target_positions: Tensor | None = None,
-                source_segments: Tensor | None = None, target_segments: Tensor | None = None,
+    def forward(self, source_ids: Tensor | None, target_ids: Tensor, *,
+                source_valid: Tensor | None = None, valid: Tensor | None = None,
+                source_positions: Tensor | None = None, positions: Tensor | None = None,
+                source_segments: Tensor | None = None, segments: Tensor | None = None,
                 cache: KVCache | None = None, memory: Tensor | None = None,
                 select: Tensor | None = None) -> Tensor:
         """Teacher-forced: (B, S) source, (B, T) decoder input -> (B, T, V) logits (or the
-        (N, V) rows of ``select``). Packed rows pair target segment k with source segment k."""
+        (N, V) rows of ``select``). ``valid``/``positions``/``segments`` describe the decoder
+        input, ``source_*`` the source. Packed rows pair target segment k with source segment
+        k. ``memory`` (an earlier :meth:`encode`) replaces ``source_ids``."""
         if memory is None:
+            if source_ids is None:
+                raise TypeError("encoder-decoder forward needs source_ids (or memory=)")
             memory = self.encode(source_ids, source_valid=source_valid,
                                  source_positions=source_positions,
                                  source_segments=source_segments)
-        if target_positions is None:
-            target_positions = default_positions(target_ids, target_valid, target_segments)
-        h = self.decoder(self.embed(target_ids), positions=target_positions, valid=target_valid,
-                         segments=target_segments, cache=cache, memory=memory,
+        if positions is None:
+            positions = default_positions(target_ids, valid, segments, cache)
+        h = self.decoder(self.embed(target_ids), positions=positions, valid=valid,
+                         segments=segments, cache=cache, memory=memory,
                          memory_valid=source_valid, memory_segments=source_segments)
         return self.head(h if select is None else h[select])
 
-    def prepare(self, *, source_ids: Tensor, source_valid: Tensor | None = None,
-                **_: Tensor | None) -> dict[str, Tensor | None]:
+    @property
+    def max_source_positions(self) -> int | None:
+        return self.encoder.position.max_positions
+
+    def prepare(self, *, source_ids: Tensor | None = None,
+                source_valid: Tensor | None = None) -> dict[str, Tensor | None]:
         """Encode the source once per generation."""
+        if source_ids is None:
+            raise TypeError("an encoder-decoder model generates from source_ids (the decoder "
+                            "prompt is the start of the target)")
         return {"memory": self.encode(source_ids, source_valid=source_valid),
                 "source_valid": source_valid}
 
     def decode(self, input_ids: Tensor, *, positions: Tensor, valid: Tensor | None,
                cache: KVCache | None, memory: Tensor, source_valid: Tensor | None) -> Tensor:
-        return self(None, input_ids, source_valid=source_valid, target_valid=valid,
-                    target_positions=positions, cache=cache, memory=memory)
+        return self(None, input_ids, source_valid=source_valid, valid=valid,
+                    positions=positions, cache=cache, memory=memory)
+
+    @classmethod
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
+        return [(m.encoder_layers, False), (m.n_layers, True)]
 
 
-FAMILIES: dict[str, type[_Model]] = {
+FAMILIES: dict[str, type[Model]] = {
     "encoder": EncoderModel,
     "decoder": DecoderModel,
     "encoder_decoder": EncoderDecoderModel,
 }
 
 
-def build_model(cfg: ModelConfig | dict) -> _Model:
+def build_model(cfg: ModelConfig | dict) -> Model:
     """Build the model a (composed) ``cfg.model`` describes; validates it first."""
     m = model_config(cfg)
-    return lookup(FAMILIES, m.family.name, "model.family.name")(m)
+    return lookup("family", m.family.name)(m)

@@ -22,9 +22,9 @@ from torch import Tensor
 
 from blocklab.config import ConfigError, TrainConfig
 from blocklab.model import build_model
+from blocklab.objectives import build_objective
 from blocklab.registry import lookup
-from blocklab.train.objectives import OBJECTIVES
-from blocklab.train.optim import SCHEDULES, build_optimizer
+from blocklab.train.optim import build_optimizer
 
 # Returning None from training_step is how a non-finite step is skipped (see _skip_or_stop).
 warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
@@ -42,9 +42,7 @@ class LitModel(L.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.model = build_model(cfg.model)
-        family = cfg.model.family.name.value
-        kind = lookup(OBJECTIVES, family, "model.family.name")
-        self.objective = kind(**self._objective_kwargs(family))
+        self.objective = build_objective(cfg.model.family.name, cfg.data)
         self.meta = meta or {}  # run metadata saved with every checkpoint
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.batches_seen = 0
@@ -53,14 +51,6 @@ class LitModel(L.LightningModule):
         self._pending_rng: dict[str, Any] | None = None
         self._t_last: float | None = None
         self._tokens_since = 0
-
-    def _objective_kwargs(self, family: str) -> dict[str, Any]:
-        d = self.cfg.data
-        if family == "decoder":
-            return {"pack_to": d.seq_len if d.packing else None}
-        if family == "encoder":
-            return {"mlm_probability": d.mlm_probability, "seed": d.seed}
-        return {}
 
     # ------------------------------------------------------------------------------ steps
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -156,7 +146,7 @@ class LitModel(L.LightningModule):
     # -------------------------------------------------------------------------- optimizer
     def configure_optimizers(self) -> dict[str, Any]:
         opt = build_optimizer(self.model, self.cfg.optim)
-        fn = lookup(SCHEDULES, self.cfg.schedule.name, "schedule.name")
+        fn = lookup("schedule", self.cfg.schedule.name)
         lam = functools.partial(fn, cfg=self.cfg.schedule, max_steps=self.cfg.trainer.max_steps)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 import json
 import os
 import secrets
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,13 +20,15 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_model
-
-# Keys whose change on resume is expected; anything else outside `model` proceeds with a
-# warning that exactness is lost, and any `model` difference is refused.
-RESUME_ALLOWED = ("trainer.max_steps", "trainer.log_every_steps", "trainer.val_every_steps",
-                  "trainer.ckpt_every_steps", "trainer.keep_checkpoints", "trainer.progress_bar",
-                  "logger.", "probes.", "checkpoint_probes.", "resume", "run_dir", "allow_data_change",
-                  "out_root", "objective")
+from blocklab.provenance import (
+    arch_hash,
+    config_diff,
+    config_hash,
+    git_info,
+    is_bookkeeping,
+    text_hash,
+    versions,
+)
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -44,54 +44,6 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
 def plain_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain data (enums as strings, no OmegaConf objects)."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    a, b = flatten(old), flatten(new)
-    return [(k, a.get(k, "<absent>"), b.get(k, "<absent>"))
-            for k in sorted(set(a) | set(b)) if a.get(k, "<absent>") != b.get(k, "<absent>")]
-
-
-def arch_hash(model: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def git_info() -> dict[str, Any]:
-    root = Path(__file__).resolve().parents[3]
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-
-    try:
-        return {"commit": git("rev-parse", "HEAD") or None,
-                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
-
-
-def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": sys.version.split()[0]}
-    for pkg in ("blocklab", "torch", "lightning", "hydra-core", "omegaconf", "tokenizers",
-                "datasets"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
 
 
 def new_run_dir(cfg: TrainConfig) -> Path:
@@ -136,7 +88,7 @@ def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change
     for k, a, b in diff:
         if k in ("resume", "run_dir"):
             continue
-        if k.startswith(RESUME_ALLOWED):
+        if is_bookkeeping(k):
             notes.append(f"resume: {k} changed {a!r} -> {b!r} (allowed)")
         else:
             notes.append(f"resume: {k} changed {a!r} -> {b!r}: the run is no longer exactly the "
@@ -144,35 +96,10 @@ def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change
     return notes
 
 
-def _data(tc: TrainConfig):
-    """(train maker, val maker, tokenizer JSON, vocabulary size, data fingerprint)."""
-    if tc.data.name.value == "text":
-        from blocklab.data.text import text_data
-
-        train_make, val_make, tokenizer, fingerprint, stats = text_data(tc.data, tc.tokenizer)
-        print(f"data: {stats.documents} documents ({stats.empty_dropped} empty dropped, "
-              f"{stats.split_documents} split, {stats.truncated_documents} truncated, "
-              f"{stats.invalid_utf8} invalid UTF-8 sequences replaced), "
-              f"{stats.tokens:,} tokens in {stats.pieces} pieces", file=sys.stderr)
-        from tokenizers import Tokenizer
-
-        return train_make, val_make, tokenizer, Tokenizer.from_str(tokenizer).get_vocab_size(), fingerprint
-    from blocklab.data.mixture import Mixture
-
-    if tc.tokenizer.name.value != "synthetic":
-        raise ConfigError(f"config error: tokenizer.name={tc.tokenizer.name.value!r}: synthetic "
-                          "data uses tokenizer=synthetic")
-    train_mix, val_mix = Mixture(tc.data, salt="train"), Mixture(tc.data, salt="val")
-    tokenizer = json.dumps(train_mix.vocab.to_dict(), sort_keys=True)
-    return (train_mix, (lambda i, step: val_mix(i, None)), tokenizer, train_mix.vocab.size,
-            train_mix.fingerprint())
-
-
 def _loggers(tc: TrainConfig, run_dir: Path) -> list:
     from blocklab.registry import lookup
-    from blocklab.train.loggers import LOGGERS
 
-    return lookup(LOGGERS, tc.logger.name, "logger.name")(tc.logger, run_dir)
+    return lookup("logger", tc.logger.name)(tc.logger, run_dir)
 
 
 def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
@@ -191,7 +118,13 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         run_dir = Path(os.environ["BLOCKLAB_RUN_DIR"])
     else:
         run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
-    train_make, val_make, tokenizer, vocab, fingerprint = _data(tc)  # validates data config
+    from blocklab.data.streams import build_streams
+    from blocklab.model.estimate import count_params
+
+    streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
+    if streams.description:
+        print(f"data: {streams.description}", file=sys.stderr)
+    vocab, tokenizer, fingerprint = streams.vocab_size, streams.tokenizer, streams.fingerprint
     if tc.model.vocab_size is None:  # the tokenizer decides; stored resolved in the config
         tc.model.vocab_size = vocab
         with open_dict(cfg):
@@ -204,7 +137,7 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     os.environ["BLOCKLAB_RUN_DIR"] = str(run_dir)  # inherited by DDP child processes
     plain = plain_config(cfg)
     model_plain = model_to_dict(tc.model)
-    tok_hash = hashlib.sha256(tokenizer.encode()).hexdigest()[:16]
+    tok_hash = text_hash(tokenizer)
     if old is not None:
         for note in check_resume(old, plain, allow_data_change=tc.allow_data_change,
                                  fingerprints={"data_fingerprint": fingerprint,
@@ -216,15 +149,31 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         "arch_hash": arch_hash(model_plain), "tokenizer": tokenizer, "tokenizer_hash": tok_hash,
         "data_fingerprint": fingerprint, "versions": versions(), "git": git_info(),
         "run_dir": str(run_dir), "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "params": count_params(tc.model), "config_hash": config_hash(plain),
     }
     if not ddp_child():
         ckpt.clean_partial(run_dir)
         name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
         (run_dir / name).write_text(meta["config_yaml"])
+        if not (run_dir / "run.json").exists():  # what the run is, readable without torch
+            keep = ("params", "arch_hash", "config_hash", "tokenizer_hash", "data_fingerprint",
+                    "versions", "git", "overrides", "created", "run_dir")
+            (run_dir / "run.json").write_text(json.dumps({k: meta[k] for k in keep}, indent=2))
     try:
-        return _fit(tc, run_dir, meta, train_make, val_make, resume_from)
+        return _fit(tc, run_dir, meta, streams, resume_from)
     finally:
         os.environ.pop("BLOCKLAB_RUN_DIR", None)
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Destroy a process group the strategy left open, while the interpreter is still whole:
+    left to interpreter shutdown, gloo's worker threads can abort the process
+    ("terminate called without an active exception") after a successful run."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def ddp_child() -> bool:
@@ -232,7 +181,7 @@ def ddp_child() -> bool:
     return os.environ.get("LOCAL_RANK", "0") != "0" and "BLOCKLAB_RUN_DIR" in os.environ
 
 
-def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_make,
+def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
          resume_from: Path | None) -> Path:
     import lightning as L
     import torch
@@ -253,7 +202,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], train_make, val_m
                    peak_flops=t.peak_flops or (measure_peak_flops() if t.accelerator == "cpu" else 0))
     if t.compile:
         lit.model.compile()  # in place: state_dict keys stay those of the eager model
-    data = BlocklabData(train_make, val_make, lit.objective.collate,
+    data = BlocklabData(streams.train, streams.val, lit.objective.collate,
                         batch_size=tc.data.batch_size, val_batches=tc.data.val_batches,
                         accumulate=t.accumulate, num_workers=tc.data.num_workers)
     if resume_from is not None:
@@ -378,6 +327,7 @@ def _summary(run_dir: Path, trainer, lit, probes) -> None:
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     last = ckpt.list_checkpoints(run_dir)
     info = {"run_dir": str(run_dir), "step": trainer.global_step,
+            "params": lit.meta.get("params"),
             "tokens_seen": lit.tokens_seen, "metrics": metrics,
             "probes": probes.summary if probes else None,
             "last_checkpoint": str(last[-1]) if last else None}
@@ -389,7 +339,7 @@ def _summary(run_dir: Path, trainer, lit, probes) -> None:
     for k in sorted(metrics):
         print(f"{k:<15} {metrics[k]:.4g}")
     if probes:
-        from blocklab.eval.probes import format_report
+        from blocklab.eval.report import format_report
 
         print(f"\nprobes ({probes.summary['spec']}, held-out seed {lit.cfg.probes.seed}) on the final model:")
         print(format_report(probes.summary, probes.cells))

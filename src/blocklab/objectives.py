@@ -1,7 +1,12 @@
-"""Training objectives, chosen from the model family in one place (``OBJECTIVES``).
+"""Objectives, chosen from the model family in one place: :func:`build_objective`.
+
+Training, ``blocklab-eval`` and the probe backends all build their objective here, from the
+family and the data config, so a validation loss recomputed from a checkpoint is the loss the
+run logged, and a probe sees exactly the batch format the model was trained on.
 
 Each objective turns a list of :class:`~blocklab.data.synthetic.Example` (token sequences with a
-per-token ``targets`` flag) into a batch, and a batch into a loss. The next-token shift happens
+per-token ``targets`` flag) into a batch, a batch into a loss, and a prompt into the family's
+answer (:meth:`Objective.greedy`). The next-token shift happens
 exactly once, in :meth:`CausalLM.collate`; labels are ``IGNORE`` for padding, for positions whose
 next token is in another packed document, and for non-answer positions of retrieval tasks.
 Losses are per-token means over valid targets that are 0 (not NaN) when there are none.
@@ -16,7 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from blocklab.config import DataConfig
 from blocklab.data.synthetic import BOS, MASK, PAD, Example
+from blocklab.registry import lookup
 
 IGNORE = -100
 
@@ -44,6 +51,19 @@ def _pad(rows: list[list[int]], value: int, width: int | None = None) -> Tensor:
     return out
 
 
+def pad_rows(rows: list[list[int]], *, left: bool, pad: int = PAD) -> tuple[Tensor, Tensor]:
+    """(ids, valid) of ragged rows, right-aligned (``left`` padding, prompts for generation) or
+    left-aligned."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        span = slice(width - len(r), width) if left else slice(0, len(r))
+        ids[i, span] = torch.tensor(r, dtype=torch.long)
+        valid[i, span] = True
+    return ids, valid
+
+
 def _pack(examples: list[Example], row_len: int) -> list[tuple[list[int], list[bool], list[int]]]:
     """Greedy first-fit packing in order: (tokens, targets, segment ids) rows of <= row_len."""
     rows: list[tuple[list[int], list[bool], list[int]]] = []
@@ -59,7 +79,16 @@ def _pack(examples: list[Example], row_len: int) -> list[tuple[list[int], list[b
 
 
 class Objective:
-    """``collate`` examples into a batch; ``logits`` aligned with ``batch["labels"]``."""
+    """``collate`` examples into a batch; ``logits`` aligned with ``batch["labels"]``;
+    ``greedy`` answers prompts the way this family is asked."""
+
+    #: Whether the family is a causal LM whose per-token likelihood is a perplexity.
+    causal_lm: bool = False
+
+    @classmethod
+    def from_config(cls, data: DataConfig) -> Objective:
+        """The objective for a run's data config (packing, masking rate, seed)."""
+        return cls()
 
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
         raise NotImplementedError
@@ -75,12 +104,27 @@ class Objective:
         order), without the vocabulary projection of every other position."""
         return self.logits(model, batch, select=batch["labels"] != IGNORE)
 
+    def greedy(self, model: torch.nn.Module, prompts: list[list[int]],
+               max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuation of each prompt (ragged token lists) by ``max_new_tokens``."""
+        raise NotImplementedError
+
+    def token_nll(self, model: torch.nn.Module, windows: Tensor) -> Tensor:
+        """(B, T) windows -> (B, T-1) next-token negative log-likelihoods (causal LMs)."""
+        raise ValueError(f"perplexity needs a causal LM objective, not {type(self).__name__}")
+
 
 class CausalLM(Objective):
     """Decoder: predict token ``t+1`` from tokens ``<= t``."""
 
+    causal_lm = True
+
     def __init__(self, *, pack_to: int | None = None) -> None:
         self.pack_to = pack_to
+
+    @classmethod
+    def from_config(cls, data: DataConfig) -> CausalLM:
+        return cls(pack_to=data.seq_len if data.packing else None)
 
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
         if self.pack_to:
@@ -109,6 +153,17 @@ class CausalLM(Objective):
         causal model: pads sit after every real token, so no real query sees them."""
         return model(batch["input_ids"], segments=batch.get("segments"), **kw)
 
+    def greedy(self, model: torch.nn.Module, prompts: list[list[int]],
+               max_new_tokens: int) -> list[list[int]]:
+        from blocklab.model.generate import generate
+
+        ids, valid = pad_rows(prompts, left=True)
+        return generate(model, ids, valid=valid, max_new_tokens=max_new_tokens).tolist()
+
+    def token_nll(self, model: torch.nn.Module, windows: Tensor) -> Tensor:
+        logits = model(windows[:, :-1]).float()
+        return F.cross_entropy(logits.transpose(1, 2), windows[:, 1:], reduction="none")
+
 
 class MaskedLM(Objective):
     """Encoder: answer tokens (or, for tasks supervised everywhere, a random ``p`` of tokens)
@@ -116,6 +171,10 @@ class MaskedLM(Objective):
 
     def __init__(self, *, mlm_probability: float = 0.15, seed: int = 0) -> None:
         self.p, self.seed = mlm_probability, seed
+
+    @classmethod
+    def from_config(cls, data: DataConfig) -> MaskedLM:
+        return cls(mlm_probability=data.mlm_probability, seed=data.seed)
 
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
         inputs, labels = [], []
@@ -133,6 +192,18 @@ class MaskedLM(Objective):
 
     def logits(self, model: torch.nn.Module, batch: dict[str, Tensor], **kw: Tensor) -> Tensor:
         return model(batch["input_ids"], valid=batch["valid"], **kw)
+
+    def greedy(self, model: torch.nn.Module, prompts: list[list[int]],
+               max_new_tokens: int) -> list[list[int]]:
+        """Parallel prediction of ``max_new_tokens`` masked slots after each prompt (an
+        encoder answers in place, not left to right)."""
+        n = max_new_tokens
+        ids, valid = pad_rows([p + [MASK] * n for p in prompts], left=False)
+        select = torch.zeros_like(valid)
+        for i, p in enumerate(prompts):
+            select[i, len(p):len(p) + n] = True
+        logits = model(ids, valid=valid, select=select)  # (B·n, V), row-major
+        return logits.argmax(-1).view(len(prompts), n).tolist()
 
 
 class Seq2Seq(Objective):
@@ -157,9 +228,24 @@ class Seq2Seq(Objective):
         return model(batch["source_ids"], batch["target_ids"], source_valid=batch["source_valid"],
                      **kw)
 
+    def greedy(self, model: torch.nn.Module, prompts: list[list[int]],
+               max_new_tokens: int) -> list[list[int]]:
+        from blocklab.model.generate import generate
 
-OBJECTIVES = {
+        src, valid = pad_rows(prompts, left=False)
+        start = torch.full((len(prompts), 1), BOS, dtype=torch.long)
+        return generate(model, start, source_ids=src, source_valid=valid,
+                        max_new_tokens=max_new_tokens).tolist()
+
+
+OBJECTIVES: dict[str, type[Objective]] = {
     "decoder": CausalLM,
     "encoder": MaskedLM,
     "encoder_decoder": Seq2Seq,
 }
+
+
+def build_objective(family: str, data: DataConfig) -> Objective:
+    """The objective of model ``family`` for a run's ``data`` config: the one constructor that
+    training, evaluation and probes share."""
+    return lookup("objective", family, "model.family.name").from_config(data)

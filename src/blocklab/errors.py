@@ -1,0 +1,11 @@
+"""Errors a user can cause and fix, each with the exit code the command line reports (the lowest
+floor: every other module may raise them)."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A user-fixable config problem (exit code 2): the one-line message names the dotted config
+    key, the value and the rule."""
+
+    exit_code = 2

@@ -1,0 +1,136 @@
+"""Writing a probe result (docs/probes.md, "Grids and reports"): the long-form ``cells.csv``
+(one row per cell), ``examples.csv`` (one row per scored item), ``summary.json`` and the PNGs,
+all into one report folder; and the plain-text table printed at the end of training and by
+``blocklab-eval``.
+
+The folder is written as a temporary sibling and swapped in whole, so a crash (or a
+pre-empted job) never leaves half a report next to a complete-looking ``summary.json``.
+Nothing here needs torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from blocklab.eval.probes import ProbeResult
+
+
+def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+
+
+def write(result: ProbeResult, out_dir: Path, *, train_length: int, plots: bool = True) -> None:
+    """Write into a temporary sibling, then swap it in: a crash never leaves half a report."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    files = {"cells": "cells.csv", "examples": "examples.csv", "summary": "summary.json"}
+    _csv(tmp / files["cells"], result.cells)
+    _csv(tmp / files["examples"], result.examples)
+    if plots:
+        files.update(_plots(result, tmp, train_length))
+    result.summary["files"] = files
+    (tmp / files["summary"]).write_text(json.dumps(result.summary, indent=2, default=str))
+    if out_dir.exists():
+        old = out_dir.with_name(out_dir.name + f".old-{os.getpid()}")
+        out_dir.rename(old)
+        tmp.rename(out_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(out_dir)
+    result.out_dir = out_dir
+    result.files = {k: str(out_dir / v) for k, v in files.items()}
+
+
+def _plots(result: ProbeResult, folder: Path, train_length: int) -> dict[str, str]:
+    try:
+        from blocklab.eval import plots
+    except ImportError:  # pragma: no cover - matplotlib is a dependency
+        return {}
+    out = {}
+    title = f"step {result.summary.get('step')} · {result.summary.get('backend')}"
+    probes = {c["probe"] for c in result.cells}
+    if "needle" in probes:
+        out["niah_png"] = plots.plot_niah(result.cells, folder / "niah.png",
+                                          train_length=train_length, title=title).name
+    if "litm" in probes:
+        out["litm_png"] = plots.plot_litm(result.cells, folder / "litm.png", title=title).name
+    if any(c["probe"] == "perplexity" and c.get("ppl") is not None for c in result.cells):
+        out["perplexity_png"] = plots.plot_perplexity(
+            result.cells, folder / "perplexity.png", train_length=train_length, title=title).name
+    return out
+
+
+# ------------------------------------------------------------------------------ printed table
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "N/A" if x is None else format(x, spec)
+
+
+def _needle_lines(variant: str, s: dict[str, Any]) -> list[str]:
+    lengths = list(s["accuracy_by_length"])
+    w, b = s["within_train_length"], s["beyond_train_length"]
+    eff = s["effective_length"]
+    return [
+        f"needle, {variant} (argmax accuracy pooled over depths; copy-any-value "
+        f"{_fmt(s['copy_any_value'])}, chance {_fmt(s['chance'])}):",
+        "  length    " + "".join(f"{x:>8}" for x in lengths),
+        "  accuracy  " + "".join(f"{_fmt(s['accuracy_by_length'][x]):>8}" for x in lengths),
+        f"  within training length {_fmt(w['accuracy'])} "
+        f"[{_fmt(w['ci_low'])}, {_fmt(w['ci_high'])}] n={w['n']}; beyond "
+        f"{_fmt(b['accuracy'])} [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}] n={b['n']}",
+        f"  effective length {eff if eff is not None else 'none'} "
+        f"(threshold {s['threshold']}: {s['rule'].split(' = ', 1)[1]})",
+    ]
+
+
+def _litm_lines(litm: dict[str, Any]) -> list[str]:
+    if not litm:
+        return []
+    lines = ["lost in the middle (accuracy by gold record position):"]
+    for k, s in litm.items():
+        if "accuracy_by_gold_position" in s:
+            curve = " ".join(f"{p}:{_fmt(v, '.2f')}" for p, v in
+                             s["accuracy_by_gold_position"].items())
+            lines.append(f"  {k:<20} {curve}  gap {s['best_worst_gap']:.2f} middle drop "
+                         f"{s['middle_drop']:+.2f} primacy {s['primacy']:+.2f} recency "
+                         f"{s['recency']:+.2f} (copy-any-value {s['copy_any_value']:.3f})")
+        else:
+            lines.append(f"  {k:<20} {_fmt(s['accuracy'])} [{_fmt(s['ci_low'])}, "
+                         f"{_fmt(s['ci_high'])}] n={s['n']} (chance {_fmt(s['chance'])})")
+    return lines
+
+
+def _perplexity_lines(rows: list[dict[str, Any]]) -> list[str]:
+    na = {r["status"] for r in rows if r["ppl"] is None}
+    if rows and len(na) == 1 and all(r["ppl"] is None for r in rows):
+        return [f"perplexity vs evaluation length: {na.pop()}"]
+    if not rows:
+        return []
+    return ["perplexity vs evaluation length:"] + [
+        f"  {r['variant']:<15} L={r['length']:<6} "
+        f"{_fmt(r['ppl'], '.3f') if r['ppl'] is not None else r['status']}" for r in rows]
+
+
+def format_report(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The probe table printed at the end of training and by blocklab-eval."""
+    lines = []
+    for variant, s in summary["needle"].items():
+        lines += _needle_lines(variant, s)
+    lines += _litm_lines(summary["litm"])
+    lines += _perplexity_lines(summary["perplexity"])
+    lines.append(f"({summary['n_examples']} examples in {summary['seconds']:.1f} s)")
+    return "\n".join(lines)

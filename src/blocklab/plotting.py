@@ -1,0 +1,75 @@
+"""The one place blocklab's PNG figures are made and saved, shared by the probe plots
+(``blocklab.eval.plots``) and ``blocklab-compare`` (``blocklab.compare.plots``).
+
+It lives at the top of the package, not under ``eval``, so the compare tool can use it without
+depending on the evaluation code, and it stays importable without torch or matplotlib: both
+tools read results (CSV cells, JSON summaries) that any Python can produce, and the compare tool
+must run on a machine with no torch at all. matplotlib is imported lazily, inside the functions,
+and only through its object API (``Figure`` + the Agg canvas): no ``pyplot``, no global figure
+state, no GUI backend, so plotting is safe in worker processes and tests.
+
+Also here: :func:`finite_float` / :func:`finite_int`, which read a number out of whatever a
+results table holds (floats, CSV strings, ``""``, ``"None"``, ``"nan"``) — the plots and the
+compare table treat missing and N/A values the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+#: Resolution of every PNG written through :func:`save_png`.
+DPI = 120
+
+
+def finite_float(value: Any) -> float | None:
+    """A finite float, or None for missing / N/A / unparsable values (booleans are not
+    numbers here)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def finite_int(value: Any) -> int | None:
+    """:func:`finite_float`, rounded to the nearest integer."""
+    out = finite_float(value)
+    return None if out is None else round(out)
+
+
+def new_figure(figsize: tuple[float, float]) -> Any:
+    """A matplotlib ``Figure`` (constrained layout) attached to its own Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_png(fig: Any, path: str | os.PathLike[str]) -> Path:
+    """Write ``fig`` as a PNG (white background, :data:`DPI`), creating parent folders."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=DPI, format="png", facecolor="white")
+    return out
+
+
+def colours(n: int) -> list[Any]:
+    """``n`` distinct qualitative colours: tab10 for up to 10 series, tab20 beyond (cycling
+    when there are more than 20)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def no_data(ax: Any, message: str) -> None:
+    """A grey note in the middle of an empty axes, saying why nothing was drawn."""
+    ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center",
+            fontsize=11, color="dimgray", bbox={"facecolor": "white", "edgecolor": "lightgray"})

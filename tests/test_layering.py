@@ -1,0 +1,107 @@
+"""The package stands on floors: a module imports only from its own floor or below (imports
+inside functions count too), evaluation never imports training, no private name crosses a
+package boundary, and the floor under everything imports no torch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "blocklab"
+
+# Floor of each top-level module or package of blocklab (docs/design.md, "Layout").
+FLOORS = {
+    "errors": 0,
+    "provenance": 1, "registry": 1, "plotting": 1,
+    "config": 2,
+    "model": 3, "data": 3,
+    "objectives": 4, "checkpoint": 4,
+    "eval": 5, "train": 5, "compare": 5,
+    "sweep": 6,
+    "cli": 7,
+}
+# Same-floor imports that are allowed: training runs the probe callback and the probe runner.
+SIDEWAYS = {("train", "eval")}
+
+
+def _unit(path: Path) -> str:
+    return path.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(imported blocklab unit, imported names, line) for every import in the file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == "blocklab" and len(parts) > 1:
+                    out.append((parts[1], [], node.lineno))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            parts = node.module.split(".")
+            if parts[0] != "blocklab":
+                continue
+            names = [a.name for a in node.names]
+            if len(parts) == 1:  # from blocklab import x
+                out += [(n, [], node.lineno) for n in names if n in FLOORS]
+            else:
+                out.append((parts[1], names, node.lineno))
+    return out
+
+
+FILES = sorted(p for p in SRC.rglob("*.py") if _unit(p) != "__init__")
+
+
+def test_every_module_has_a_floor():
+    assert {_unit(p) for p in FILES} <= set(FLOORS), {_unit(p) for p in FILES} - set(FLOORS)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_go_down_never_up_or_sideways(path):
+    here = _unit(path)
+    bad = []
+    for there, names, line in _imports(path):
+        if there == here or there == "__init__":
+            continue
+        up = FLOORS[there] > FLOORS[here]
+        sideways = FLOORS[there] == FLOORS[here] and (here, there) not in SIDEWAYS
+        if up or sideways:
+            bad.append(f"line {line}: {here} (floor {FLOORS[here]}) imports {there} "
+                       f"(floor {FLOORS[there]})")
+        private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+        if private:
+            bad.append(f"line {line}: private names {private} imported across packages")
+    assert not bad, "\n".join(bad)
+
+
+def test_eval_never_imports_train():
+    offenders = [f"{p.relative_to(SRC)}:{line}" for p in FILES if _unit(p) == "eval"
+                 for there, _, line in _imports(p) if there == "train"]
+    assert not offenders, offenders
+
+
+def test_the_lowest_floor_and_the_compare_tool_import_no_torch():
+    code = ("import sys, blocklab.config, blocklab.provenance, blocklab.registry, "
+            "blocklab.plotting, blocklab.compare; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'lightning', 'matplotlib')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_the_wheel_lists_every_package():
+    """pyproject.toml names the packages explicitly (configs/ is mapped into the package): a new
+    subpackage must be listed there, or the wheel ships without it."""
+    import tomllib
+
+    pyproject = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {"blocklab." + ".".join(p.parent.relative_to(SRC).parts) if p.parent != SRC
+             else "blocklab" for p in SRC.rglob("__init__.py")}
+    assert set(pyproject["packages"]) == found | {"blocklab.configs"}
+    assert pyproject["package-dir"]["blocklab.configs"] == "configs"

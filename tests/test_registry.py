@@ -1,0 +1,169 @@
+"""User components: ``register(axis, name)`` adds a component to any axis, selectable by name
+from a composed config, counted by the estimator, refused with one line when misnamed or
+duplicated; plugin modules load from ``$BLOCKLAB_PLUGINS``; registered components are in the
+variant grid the model tests run over."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from blocklab import registry
+from blocklab.config import ConfigError, DataConfig, compose, model_config
+from blocklab.model import build_model
+from blocklab.model.blocks import PreNorm
+from blocklab.model.estimate import count_params
+from blocklab.model.ffn import GeluMLP
+from blocklab.model.norm import LayerNorm
+from blocklab.model.position import NoPosition
+from blocklab.model.transformer import DecoderModel
+from blocklab.objectives import CausalLM, build_objective
+
+
+@pytest.fixture
+def scratch():
+    """Register components for one test and remove them afterwards."""
+    added: list[tuple[str, str]] = []
+
+    def add(axis: str, name: str, component, **kw):
+        registry.register(axis, name, **kw)(component)
+        added.append((axis, name))
+        return component
+
+    yield add
+    for axis, name in added:
+        registry.table(axis).pop(name, None)
+        registry._registered.pop((axis, name), None)
+
+
+class Decoder2(DecoderModel):
+    """A 'new family' for the test: the decoder under another name."""
+
+
+class PreNorm2(PreNorm):
+    pass
+
+
+def _model(**names: str):
+    overrides = [f"model.{axis}.name={name}" for axis, name in names.items()]
+    return model_config(compose("estimate", ["model=gpt2_tiny", "model.n_layers=1",
+                                             "model.d_model=32", *overrides]).model)
+
+
+def test_every_model_axis_takes_a_registered_component_by_name(scratch):
+    scratch("family", "decoder2", Decoder2)
+    scratch("objective", "decoder2", CausalLM)
+    scratch("norm", "layernorm2", type("LayerNorm2", (LayerNorm,), {}))
+    scratch("block", "pre2", PreNorm2)
+    scratch("position", "nope2", type("NoPe2", (NoPosition,), {}))
+    scratch("ffn", "gelu2", type("Gelu2", (GeluMLP,), {}))
+    from blocklab.model.attention import SelfAttention
+
+    scratch("attention", "mha2", type("MHA2", (SelfAttention,), {}))
+    m = _model(family="decoder2", norm="layernorm2", block="pre2", position="nope2",
+               ffn="gelu2", attention="mha2")
+    model = build_model(m)
+    assert type(model) is Decoder2 and type(model.decoder.blocks[0]) is PreNorm2
+    assert type(model.decoder.blocks[0].ffn).__name__ == "Gelu2"
+    assert type(model.decoder.blocks[0].attn).__name__ == "MHA2"
+    assert m.kv_heads == m.n_heads  # a registered attention defaults to one K/V head per head
+    assert count_params(m) == sum(p.numel() for p in model.parameters())
+    assert type(build_objective("decoder2", DataConfig())) is CausalLM
+    out = model(torch.randint(0, m.vocab_size, (2, 5)))
+    assert out.shape == (2, 5, m.vocab_size)
+    assert {("ffn", "gelu2"), ("family", "decoder2")} <= set(registry.registered())
+
+
+def test_other_axes_take_registered_components(scratch, tmp_path):
+    scratch("schedule", "flat", lambda step, cfg, max_steps: 1.0)
+    scratch("logger", "quiet", lambda cfg, run_dir: [])
+    text = tmp_path / "tiny.txt"
+    text.write_text("hello world\n")
+    scratch("corpus", "tiny", lambda: [text])
+    assert registry.lookup("schedule", "flat")(5, None, 10) == 1.0
+    assert registry.lookup("logger", "quiet")(None, tmp_path) == []
+    from blocklab.data.text import corpus_files
+
+    assert corpus_files(DataConfig(corpus="tiny")) == [text]
+
+
+def test_a_component_without_param_count_is_counted_on_the_meta_device(scratch):
+    class Bare(torch.nn.Module):  # no param_count: the estimator builds it on meta
+        def __init__(self, cfg, d_model, d_ff):
+            super().__init__()
+            self.w = torch.nn.Linear(d_model, 3 * d_ff)
+            self.v = torch.nn.Linear(3 * d_ff, d_model, bias=False)
+
+        def forward(self, x):
+            return self.v(torch.tanh(self.w(x)))
+
+    scratch("ffn", "bare", Bare)
+    m = _model(ffn="bare")
+    assert count_params(m) == sum(p.numel() for p in build_model(m).parameters())
+
+
+def test_unknown_names_list_builtin_and_registered_choices(scratch):
+    scratch("ffn", "gelu2", type("Gelu2", (GeluMLP,), {}))
+    with pytest.raises(ConfigError) as err:
+        _model(ffn="gelu3")
+    msg = str(err.value)
+    assert "\n" not in msg and "model.ffn.name='gelu3': unknown choice" in msg
+    assert "gelu2" in msg and "swiglu" in msg and "docs/extending.md" in msg
+
+
+def test_bad_registrations_are_refused(scratch):
+    scratch("ffn", "gelu2", type("Gelu2", (GeluMLP,), {}))
+    with pytest.raises(ValueError, match="exists already"):
+        registry.register("ffn", "gelu2")(type("Other", (GeluMLP,), {}))
+    with pytest.raises(ValueError, match="exists already"):
+        registry.register("ffn", "swiglu")(type("Mine", (GeluMLP,), {}))  # built-ins too
+    with pytest.raises(ValueError, match="lower-case identifiers"):
+        registry.register("ffn", "My-FFN")
+    with pytest.raises(ValueError, match="unknown axis 'ffns'"):
+        registry.register("ffns", "x")
+    replacement = type("Gelu2b", (GeluMLP,), {})
+    scratch("ffn", "gelu2", replacement, replace=True)  # deliberate override
+    assert registry.lookup("ffn", "gelu2") is replacement
+
+
+def test_plugin_modules_load_from_the_environment(monkeypatch, tmp_path):
+    (tmp_path / "my_blocklab_components.py").write_text(
+        "from blocklab.model.ffn import GeluMLP\n"
+        "from blocklab.registry import register\n"
+        "@register('ffn', 'env_ffn')\n"
+        "class EnvFFN(GeluMLP):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(registry.PLUGIN_ENV, " my_blocklab_components , ")
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    try:
+        assert "my_blocklab_components" in registry.load_plugins()
+        assert registry.lookup("ffn", "env_ffn").__name__ == "EnvFFN"
+        assert registry.load_plugins() == []  # once per process
+    finally:
+        registry.table("ffn").pop("env_ffn", None)
+        registry._registered.pop(("ffn", "env_ffn"), None)
+        sys.modules.pop("my_blocklab_components", None)
+
+
+def test_a_plugin_that_fails_to_import_is_named_in_one_line(monkeypatch):
+    monkeypatch.setenv(registry.PLUGIN_ENV, "no_such_blocklab_plugin")
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    with pytest.raises(ConfigError) as err:
+        registry.load_plugins()
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("plugin error: BLOCKLAB_PLUGINS=no_such_blocklab_plugin")
+    assert "ModuleNotFoundError" in msg
+    monkeypatch.setattr(registry, "_plugins_loaded", True)
+
+
+def test_the_example_components_are_in_the_model_test_grid():
+    variants = importlib.import_module("model.variants")
+    ids = " ".join(i for i, _ in variants.grid())
+    for name in ("squared_relu", "scalenorm", "parallel"):
+        assert name in ids, name
+    assert Path(registry.registered()[("ffn", "squared_relu")].replace(".", "/")).name == \
+        "blocklab_example"

@@ -1,0 +1,94 @@
+"""User components and user configs from the command line, as users run them: plugin modules
+named in ``$BLOCKLAB_PLUGINS``, chosen by name (``model.ffn.name=...``) or through a YAML file
+in a user config directory (``--config-dir`` / ``hydra.searchpath``); user presets and
+experiments; a checkpoint that needs a plugin says so in one line when it is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "docs" / "examples" / "plugin"
+FAST = ["trainer.max_steps=4", "trainer.val_every_steps=4", "trainer.ckpt_every_steps=4",
+        "probes=none"]
+
+
+def cli(*args: str, tool: str = "blocklab-train", plugin: bool = True,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("BLOCKLAB_PLUGINS", "PYTHONPATH")}
+    if plugin:
+        env |= {"BLOCKLAB_PLUGINS": "blocklab_example", "PYTHONPATH": str(PLUGIN)}
+    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=cwd)
+
+
+def test_plugin_components_train_and_evaluate_from_a_user_config_dir(tmp_path):
+    run = tmp_path / "run"
+    r = cli("--config-dir", str(PLUGIN / "configs"), "experiment=example_plugin", *FAST,
+            f"run_dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = json.loads((run / "checkpoints" / "step-000004" / "meta.json").read_text())
+    model = meta["config"]["model"]
+    assert (model["ffn"]["name"], model["norm"]["name"], model["block"]["name"]) == (
+        "squared_relu", "scalenorm", "parallel")
+    assert json.loads((run / "run.json").read_text())["params"] == meta["params"] > 0
+
+    r = cli(f"ckpt={run}", "probes=coarse", "probes.litm.enabled=false", tool="blocklab-eval")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "val/loss" in r.stdout
+
+    r = cli(f"ckpt={run}", "probes=none", tool="blocklab-eval", plugin=False)
+    assert r.returncode == 2, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("config error: model.norm.name='scalenorm': unknown choice; known: "
+                           "layernorm, rmsnorm") and "docs/extending.md" in last
+
+
+def test_a_registered_component_is_chosen_by_name_without_any_yaml(tmp_path):
+    run = tmp_path / "run"
+    r = cli("experiment=smoke", "model.ffn.name=squared_relu", *FAST, f"run_dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = cli("experiment=smoke", "model.ffn.name=squared_relu", *FAST,
+            f"run_dir={tmp_path / 'other'}", plugin=False)
+    assert r.returncode == 2
+    assert "model.ffn.name='squared_relu': unknown choice" in r.stderr
+
+
+def test_user_presets_and_experiments_come_from_a_user_config_dir(tmp_path):
+    configs = tmp_path / "my_configs"
+    (configs / "model").mkdir(parents=True)
+    (configs / "experiment").mkdir()
+    (configs / "model" / "my_tiny.yaml").write_text(
+        "defaults:\n  - retrieval_tiny\n  - _self_\nd_model: 48\nn_heads: 2\n")
+    (configs / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - smoke\n  - override /model: my_tiny\n"
+        "experiment_name: mine\n")
+    for flag in (["--config-dir", str(configs)], [f"hydra.searchpath=[file://{configs}]"]):
+        r = cli(*flag, "experiment=mine", "--cfg", "job", plugin=False, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "d_model: 48" in r.stdout and "experiment_name: mine" in r.stdout
+    run = tmp_path / "run"
+    r = cli("--config-dir", str(configs), "experiment=mine", *FAST, f"run_dir={run}",
+            plugin=False, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "d_model: 48" in (run / "config.yaml").read_text()
+
+
+def test_a_plugin_that_cannot_be_imported_is_one_line_and_exit_2():
+    env = {**os.environ, "BLOCKLAB_PLUGINS": "not_a_module_anywhere"}
+    r = subprocess.run([str(BIN / "blocklab-train"), "--cfg", "job"], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "plugin error: BLOCKLAB_PLUGINS=not_a_module_anywhere: importing "
+        "'not_a_module_anywhere' failed: ModuleNotFoundError: No module named "
+        "'not_a_module_anywhere'"]
