@@ -138,3 +138,13 @@ def test_estimate_command_prints_the_table_and_reports_errors_in_one_line():
 def test_a_null_vocab_size_is_only_for_training():
     with pytest.raises(ConfigError, match=r"model\.vocab_size=None: must be set here"):
         model_config(_compose("model=retrieval_tiny").model)
+
+
+def test_compose_searches_user_config_dirs(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my_tiny.yaml").write_text(
+        "defaults:\n  - llama_tiny\n  - _self_\nd_model: 96\nvocab_size: 101\n")
+    m = model_config(C.compose("estimate", ["model=my_tiny"], config_dirs=[str(tmp_path)]).model)
+    assert (m.d_model, m.vocab_size, m.position.name) == (96, 101, "rope")
+    with pytest.raises(ConfigCompositionException, match="my_tiny"):
+        C.compose("estimate", ["model=my_tiny"])  # not found without the directory
