@@ -14,7 +14,9 @@ A checkpoint is a directory::
 
 Writes go to a hidden temporary sibling, every file is fsynced, the manifest comes last and the
 directory is renamed into place, so a crash mid-save leaves the previous checkpoints intact and
-only a ``.tmp-*`` directory that the next start removes. Loads verify the manifest before any
+only a ``.tmp-*`` directory that the next start removes. A save onto a checkpoint directory that
+fails verification never fails or silently drops the new state: the corrupt directory is kept,
+renamed ``<name>.corrupt-<k>``, and reported. Loads verify the manifest before any
 byte is deserialized, and use ``torch.load(weights_only=True)``: a checkpoint that needs an
 unsafe global is refused, never loaded with ``weights_only=False``.
 """
@@ -26,29 +28,28 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from blocklab.errors import StorageError
+
 FORMAT_VERSION = 1
 STATE, META, CONFIG, TOKENIZER, MANIFEST = (
     "state.pt", "meta.json", "config.yaml", "tokenizer.json", "manifest.json")
 PREFIX = "step-"
+NAME = re.compile(r"step-(\d+)")  # a checkpoint directory's whole name
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt, unsafe or incompatible (exit code 4)."""
 
     exit_code = 4
-
-
-class StorageError(OSError):
-    """Writing failed (disk full, unwritable path) (exit code 6)."""
-
-    exit_code = 6
 
 
 def _sha256(path: Path) -> str:
@@ -99,6 +100,8 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
                                        "bytes": len(data)}
         _write(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
         _fsync_dir(tmp)
+        if path.exists() and not is_valid(path):
+            _set_aside(path)
         if path.exists():  # re-saving a step: move the old one aside, never delete it first
             old = path.parent / f".old-{path.name}-{os.getpid()}"
             path.rename(old)
@@ -114,7 +117,44 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
                                f"checkpoint needs {needed:,} bytes free; previous checkpoints "
                                "are intact") from None
         raise StorageError(e.errno, f"checkpoint {path}: cannot write: {e.strerror or e}") from None
+    from blocklab.faults import maybe_fault
+
+    match = NAME.fullmatch(path.name)
+    if match:
+        maybe_fault("save", int(match.group(1)))  # tests: a crash right after this save
     return path
+
+
+def is_valid(path: Path) -> bool:
+    """Whether ``path`` is a complete checkpoint whose manifest verifies."""
+    try:
+        verify(path)
+        return True
+    except CheckpointError:
+        return False
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a corrupt checkpoint directory out of the way (kept for inspection)."""
+    k = 1
+    while (aside := path.with_name(f"{path.name}.corrupt-{k}")).exists():
+        k += 1
+    path.rename(aside)
+    print(f"warning: checkpoint {path} failed verification; kept as {aside.name}, writing the "
+          "new state in its place", file=sys.stderr)
+    return aside
+
+
+def prune(run_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints of a run (0 = keep all), counting every
+    checkpoint in the directory — those of earlier launches too; corrupt ones set aside are
+    never touched. Returns what was deleted."""
+    if keep <= 0:
+        return []
+    doomed = list_checkpoints(run_dir)[:-keep]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
 
 
 def verify(path: str | Path) -> dict[str, Any]:
@@ -161,12 +201,13 @@ def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete-looking checkpoint directories of a run, oldest first."""
+    """Checkpoint directories of a run (``step-<N>``), oldest first; temporary and set-aside
+    directories are not checkpoints."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     if not ckpt_dir.is_dir():
         return []
-    return sorted((p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith(PREFIX)),
-                  key=lambda p: p.name)
+    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and NAME.fullmatch(p.name)]
+    return sorted(found, key=lambda p: int(NAME.fullmatch(p.name).group(1)))
 
 
 def clean_partial(run_dir: str | Path) -> list[Path]:
@@ -194,7 +235,8 @@ def resolve(target: str | Path) -> Path:
     target = Path(target)
     if not target.exists():
         raise CheckpointError(f"checkpoint {target}: no such file or directory")
-    if (target / MANIFEST).exists() or target.name.startswith(PREFIX):
+    if (target / MANIFEST).exists() or target.name.startswith(PREFIX) or \
+            (target / STATE).exists():
         verify(target)
         return target
     candidates = list_checkpoints(target)

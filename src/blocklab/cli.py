@@ -59,8 +59,9 @@ def _run(fn, cfg: DictConfig):
     _STARTED = True
     from omegaconf.errors import OmegaConfBaseException
 
-    from blocklab.checkpoint import CheckpointError, StorageError
+    from blocklab.checkpoint import CheckpointError
     from blocklab.data.text import DataError
+    from blocklab.errors import StorageError
     from blocklab.sweep import in_multirun, run_job
     from blocklab.train.run import Preempted
 
@@ -123,21 +124,24 @@ def train(cfg: DictConfig) -> float | None:
 def _eval(cfg: DictConfig) -> None:
     from omegaconf import OmegaConf
 
+    from blocklab.config import validate_eval
     from blocklab.eval import evaluate as ev
 
-    spec = OmegaConf.to_object(cfg.probes)
-    if (cfg.ckpt is None) == (cfg.hf_model is None):
-        raise ConfigError(f"config error: ckpt={cfg.ckpt!r}, hf_model={cfg.hf_model!r}: give "
-                          "exactly one (a blocklab run/checkpoint, or a Hugging Face model dir)")
-    if cfg.hf_model is not None:
-        r = ev.probe_hf(cfg.hf_model, spec, gguf_file=cfg.hf_gguf, out=cfg.out)
+    ec = validate_eval(OmegaConf.to_object(cfg))  # every key, before anything is loaded
+    spec = ec.probes
+    if ec.hf_model is not None:
+        if ec.out is not None:
+            from blocklab.runlock import writable_dir
+
+            writable_dir(ec.out, "out=")  # before the model is loaded
+        r = ev.probe_hf(ec.hf_model, spec, gguf_file=ec.hf_gguf, out=ev.probe_out(ec.out, spec))
         print(f"probe results   {r.out_dir}")
         return
-    r = ev.validation_loss(cfg.ckpt, batches=cfg.val_batches, batch_size=cfg.batch_size)
+    r, p = ev.evaluate_checkpoint(ec.ckpt, spec, val_batches=ec.val_batches,
+                                  batch_size=ec.batch_size, out=ec.out)
     print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
           f"over {r['val_targets']} targets")
-    if spec.enabled:
-        p = ev.probe_checkpoint(r["checkpoint"], spec, out=cfg.out)
+    if p is not None:
         print(f"probe results   {p.out_dir}")
 
 

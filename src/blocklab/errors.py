@@ -9,3 +9,10 @@ class ConfigError(ValueError):
     key, the value and the rule."""
 
     exit_code = 2
+
+
+class StorageError(OSError):
+    """Writing failed: disk full, an unwritable or unusable path (exit code 6). Raised as
+    ``StorageError(errno, one-line message)``."""
+
+    exit_code = 6

@@ -12,8 +12,14 @@ from collections import Counter
 
 import pytest
 
-from blocklab.config import ConfigError, DataConfig, TaskWeights
-from blocklab.data.mixture import Mixture, check_mixture
+from blocklab.config import (
+    ConfigError,
+    DataConfig,
+    TaskWeights,
+    needle_min_length,
+    validate_mixture,
+)
+from blocklab.data.mixture import Mixture
 from blocklab.data.synthetic import (
     BOS,
     MARK,
@@ -27,7 +33,6 @@ from blocklab.data.synthetic import (
     markov_chain,
     markov_lm,
     mqar,
-    needle_min_length,
 )
 
 VOCAB = Vocab()
@@ -407,7 +412,7 @@ def test_fingerprint_ignores_what_does_not_change_the_stream(change: dict) -> No
 def test_check_mixture_rejects(change: dict, key: str) -> None:
     cfg = dataclasses.replace(DataConfig(seq_len=128), **change)
     with pytest.raises(ConfigError) as e:
-        check_mixture(cfg)
+        validate_mixture(cfg)
     msg = str(e.value)
     assert "\n" not in msg and key in msg, msg
     with pytest.raises(ConfigError):
@@ -417,7 +422,7 @@ def test_check_mixture_rejects(change: dict, key: str) -> None:
 @pytest.mark.parametrize("task", ["kv_records", "kv_records_query_aware", "mqar"])
 @pytest.mark.parametrize("seq_len", [64, 100, 128])
 def test_check_mixture_key_count_is_the_exact_boundary(task: str, seq_len: int) -> None:
-    """Enough keys per check_mixture means every sequence up to seq_len builds; one fewer fails."""
+    """Enough keys per validate_mixture means every sequence up to seq_len builds; one fewer fails."""
     weights = TaskWeights(needle=0, **{task: 1})
     need = make(task, 0, seq_len).meta["n_records"]  # records in the longest sequence
     ok = DataConfig(tasks=weights, seq_len=seq_len, min_len=seq_len, n_keys=need, n_values=need)
@@ -425,7 +430,7 @@ def test_check_mixture_key_count_is_the_exact_boundary(task: str, seq_len: int) 
     for i in range(50):
         mix(i)
     with pytest.raises(ConfigError, match=r"data\.n_keys"):
-        check_mixture(dataclasses.replace(ok, n_keys=need - 1, n_values=need - 1))
+        validate_mixture(dataclasses.replace(ok, n_keys=need - 1, n_values=need - 1))
 
 
 def test_check_mixture_needle_min_len_boundary_builds() -> None:
@@ -442,4 +447,4 @@ def test_check_mixture_rejects_bad_fillers(fillers: list[str]) -> None:
     """RELIABILITY E: an unknown choice fails at config time, not mid-run when first drawn."""
     cfg = DataConfig(fillers=fillers)
     with pytest.raises(ConfigError, match=r"data\.fillers"):
-        check_mixture(cfg)
+        validate_mixture(cfg)

@@ -353,3 +353,50 @@ def test_text_data_on_shakespeare(monkeypatch: pytest.MonkeyPatch) -> None:
     _, _, tok_json2, fp2, stats2 = text_data(cfg, tcfg)
     assert fp2 == fp and stats2.documents == 42
     assert tok_json2 == tok_json  # the tokenizer hash checked on resume is stable
+
+
+def test_an_empty_or_whitespace_only_file_is_named(tmp_path: Path) -> None:
+    f = tmp_path / "blank.txt"
+    f.write_text("   \n\t\n  ")
+    with pytest.raises(DataError) as err:
+        load_documents(DataConfig(name=DataName.text, files=[str(f)]), [f])
+    msg = str(err.value)
+    assert "\n" not in msg and str(f) in msg and "empty or whitespace only" in msg
+
+
+def test_a_binary_file_is_called_out_by_name(tmp_path: Path, capsys) -> None:
+    f = tmp_path / "image.bin"
+    f.write_bytes(bytes(range(128, 256)) * 64)  # no valid UTF-8 at all
+    _, stats = load_documents(DataConfig(name=DataName.text, files=[str(f)]), [f])
+    assert stats.invalid_utf8 == 128 * 64
+    warning = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
+    assert len(warning) == 1 and str(f) in warning[0] and "is it a text file?" in warning[0]
+    good = tmp_path / "good.txt"
+    good.write_bytes(b"fine text " * 500 + b"\xff")  # one stray byte: counted, not called out
+    load_documents(DataConfig(name=DataName.text, files=[str(good)]), [good])
+    assert "warning" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("values", [[0, 1, 2, 3], [0.5, 1.5], [True, False]])
+def test_a_json_text_column_holding_numbers_is_refused(tmp_path: Path, values) -> None:
+    f = tmp_path / "numbers.jsonl"
+    f.write_text("".join(json.dumps({"text": v, "body": "words"}) + "\n" for v in values))
+    cfg = DataConfig(name=DataName.text, format="json", files=[str(f)])
+    with pytest.raises(DataError) as err:
+        load_documents(cfg, [f])
+    msg = str(err.value)
+    assert "\n" not in msg and "data.text_key='text'" in msg and "not text" in msg
+    assert str(f) in msg
+    docs, _ = load_documents(dataclasses.replace(cfg, text_key="body"), [f])
+    assert docs == ["words"] * len(values)
+
+
+def test_bpe_training_on_a_large_corpus_says_what_it_does(monkeypatch, capsys) -> None:
+    import blocklab.data.text as text
+
+    monkeypatch.setattr(text, "PROGRESS_CHARS", 1000)
+    build_tokenizer(BPE, ["x" * 600, "y" * 600])
+    assert "tokenizer: training a byte-level BPE (vocab 400) on 0.0M characters" in \
+        capsys.readouterr().err
+    build_tokenizer(BPE, ["small"])
+    assert "tokenizer:" not in capsys.readouterr().err

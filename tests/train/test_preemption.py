@@ -3,7 +3,7 @@ with the "preempted, resumable" code 7 and says how to resume; resuming gives ex
 uninterrupted run (per-step losses equal as logged strings), each step logged once.
 
 The signal arrives at a deterministic point — the process sends it to itself as step 23 starts
-(``BLOCKLAB_FAULT_SIGTERM_AT_STEP``), through the same handler a cluster's SIGTERM reaches — so
+(``BLOCKLAB_FAULT=SIGTERM@step:23``), through the same handler a cluster's SIGTERM reaches — so
 the test never races a signal against a loaded machine."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ARGS = ["experiment=smoke", "trainer.max_steps=60", "trainer.ckpt_every_steps=10
 
 def test_sigterm_checkpoints_the_step_and_resume_is_exact(tmp_path):
     run = tmp_path / "run"
-    env = {**os.environ, "BLOCKLAB_FAULT_SIGTERM_AT_STEP": "23"}
+    env = {**os.environ, "BLOCKLAB_FAULT": "SIGTERM@step:23"}
     r = subprocess.run([str(BIN / "blocklab-train"), *ARGS, f"run_dir={run}"],
                        capture_output=True, text=True, timeout=300, env=env)
     err = r.stderr

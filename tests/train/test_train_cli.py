@@ -150,7 +150,7 @@ def test_invalid_configs_fail_in_one_line_before_anything_is_written(tmp_path, a
 def test_an_output_root_that_is_a_file_fails_before_building(tmp_path):
     (tmp_path / "file").write_text("x")
     r = cli("experiment=smoke", f"out_root={tmp_path / 'file'}")
-    assert r.returncode == 2 and "is a file, not a directory" in r.stderr
+    assert r.returncode == 6 and "is a file, not a directory" in r.stderr
 
 
 def test_cfg_job_and_help_are_quick_and_informative():

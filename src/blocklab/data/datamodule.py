@@ -53,7 +53,7 @@ class ResumableBatches(Sampler[list[tuple[int, int]]]):
 
 class BlocklabData(L.LightningDataModule):
     """Train batches are endless (the trainer stops at ``max_steps``); validation is a fixed
-    set of ``val_batches`` batches from a disjoint stream."""
+    set of ``val_batches`` batches from a disjoint stream (:meth:`validation_loader`)."""
 
     def __init__(self, train: Callable[[int, int | None], Example],
                  val: Callable[[int, int | None], Example], collate: Callable, *,
@@ -80,7 +80,9 @@ class BlocklabData(L.LightningDataModule):
             self.batch_size, start=self.start_batch, rank=rank, world=world,
             accumulate=self.accumulate))
 
-    def val_dataloader(self) -> DataLoader:
+    def validation_loader(self) -> DataLoader:
+        """The fixed validation batches of this rank. Not Lightning's ``val_dataloader``:
+        blocklab validates inside the step (train/metrics.py), before the step's checkpoint."""
         rank, world = self._world()
         return self._loader(self.val_make, ResumableBatches(
             self.batch_size, stop=self.val_batches, rank=rank, world=world))

@@ -8,15 +8,8 @@ import dataclasses
 import hashlib
 import json
 
-from blocklab.config import ConfigError, DataConfig
-from blocklab.data.synthetic import (
-    FILLERS,
-    TASKS,
-    Example,
-    Vocab,
-    example_rng,
-    needle_min_length,
-)
+from blocklab.config import DataConfig, validate_mixture
+from blocklab.data.synthetic import TASKS, Example, Vocab, example_rng
 
 
 def vocab_of(cfg: DataConfig) -> Vocab:
@@ -29,52 +22,13 @@ def task_weights(cfg: DataConfig) -> dict[str, float]:
     return {k: float(v) for k, v in weights.items() if v}
 
 
-def check_mixture(cfg: DataConfig, key: str = "data") -> None:
-    weights = cfg.tasks if isinstance(cfg.tasks, dict) else dataclasses.asdict(cfg.tasks)
-    unknown = sorted(set(weights) - set(TASKS))
-    if unknown:
-        raise ConfigError(f"config error: {key}.tasks.{unknown[0]}: unknown task; known: "
-                          f"{', '.join(sorted(TASKS))}")
-    if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-        raise ConfigError(f"config error: {key}.tasks={weights!r}: weights must be >= 0 "
-                          "with a positive sum")
-    lo, hi = cfg.n_distractors
-    if not 0 <= lo <= hi:
-        raise ConfigError(f"config error: {key}.n_distractors={list(cfg.n_distractors)!r}: "
-                          "need 0 <= min <= max")
-    stages = [list(st) for st in cfg.curriculum]
-    if any(len(st) != 2 or st[1] < cfg.min_len for st in stages) or stages != sorted(stages):
-        raise ConfigError(f"config error: {key}.curriculum={stages!r}: needs [[from_step, "
-                          f"max_len], ...] sorted by step, each max_len >= min_len={cfg.min_len}")
-    if not 8 <= cfg.min_len <= cfg.seq_len:
-        raise ConfigError(f"config error: {key}.min_len={cfg.min_len}: need 8 <= min_len <= "
-                          f"seq_len={cfg.seq_len}")
-    weights = task_weights(cfg)
-    if weights.get("needle") and (not cfg.fillers or set(cfg.fillers) - set(FILLERS)):
-        raise ConfigError(f"config error: {key}.fillers={list(cfg.fillers)!r}: needs one or more "
-                          f"of {', '.join(FILLERS)}")
-    needed = needle_min_length(hi)
-    if weights.get("needle") and cfg.min_len < needed:
-        raise ConfigError(f"config error: {key}.min_len={cfg.min_len}: needle with {hi} "
-                          f"distractors needs sequences of at least {needed} tokens")
-    # Distinct keys (and values) one sequence of seq_len tokens needs, per task.
-    pairs = {"needle": hi + 1, "kv_records": (cfg.seq_len - 4) // 3,
-             "kv_records_query_aware": (cfg.seq_len - 6) // 3, "mqar": (cfg.seq_len - 1) // 6}
-    for task, n in pairs.items():
-        if weights.get(task) and min(cfg.n_keys, cfg.n_values) < n:
-            name = "n_keys" if cfg.n_keys < n else "n_values"
-            raise ConfigError(f"config error: {key}.{name}={getattr(cfg, name)}: {task} at "
-                              f"seq_len={cfg.seq_len} needs {n} distinct keys and values "
-                              "(raise data.n_keys/n_values or lower data.seq_len)")
-
-
 class Mixture:
     """``mixture(index, step)`` -> Example; tasks drawn by weight per example, one length per
     batch uniform in ``[min_len, max_len(step)]``, where max_len follows the short-to-long
     ``curriculum`` stages (docs/probes.md: key matching is learned on short sequences first)."""
 
     def __init__(self, cfg: DataConfig, *, salt: str = "train") -> None:
-        check_mixture(cfg)
+        validate_mixture(cfg)  # the mixture rules of config.validate_train, for direct use
         self.cfg, self.salt, self.vocab = cfg, salt, vocab_of(cfg)
         weights = task_weights(cfg)
         self.names = sorted(weights)

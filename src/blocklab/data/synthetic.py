@@ -23,6 +23,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+# The filler kinds and the shortest needle are defined beside the config schema, whose
+# validator checks configs against them (config.py); the tasks and probe builders use them here.
+from blocklab.config import FILLERS, needle_min_length
+
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>", "<mark>", "<rec>", "<mask>")
 PAD, BOS, EOS, SEP, MARK, REC, MASK = range(len(SPECIALS))
 
@@ -76,9 +80,6 @@ def example_rng(seed: int, index: int, salt: str = "") -> random.Random:
     return random.Random(f"blocklab:{seed}:{salt}:{index}")
 
 
-FILLERS = ("iid", "phrase", "markov")
-
-
 def _filler(rng: random.Random, vocab: Vocab, n: int, kind: str, seed: int) -> list[int]:
     if kind == "iid":
         return rng.choices(vocab.filler, k=n)
@@ -88,7 +89,7 @@ def _filler(rng: random.Random, vocab: Vocab, n: int, kind: str, seed: int) -> l
         return [phrase[(start + i) % len(phrase)] for i in range(n)]
     if kind == "markov":
         return markov_chain(seed, vocab).sample(rng, n)
-    raise ValueError(f"unknown filler kind {kind!r}; known: iid, phrase, markov")
+    raise ValueError(f"unknown filler kind {kind!r}; known: {', '.join(FILLERS)}")
 
 
 class MarkovChain:
@@ -110,11 +111,6 @@ class MarkovChain:
 @functools.lru_cache(maxsize=16)
 def markov_chain(seed: int, vocab: Vocab) -> MarkovChain:
     return MarkovChain(seed, vocab)
-
-
-def needle_min_length(n_distractors: int) -> int:
-    """Shortest needle sequence: BOS, 3 tokens per needle, SEP k v, one filler per distractor."""
-    return 3 * (n_distractors + 1) + 4 + n_distractors
 
 
 def needle(rng: random.Random, vocab: Vocab, length: int, *, n_distractors: int = 3,

@@ -13,12 +13,16 @@ import hashlib
 import importlib.resources
 import json
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from blocklab.config import ConfigError, DataConfig, TokenizerConfig
 from blocklab.data.synthetic import BOS, EOS, SPECIALS, Example
+
+BINARY_FRACTION = 0.01  # invalid UTF-8 sequences per byte above which a file is called out
+PROGRESS_CHARS = 2_000_000  # BPE training on more text than this reports its progress
 
 
 class DataError(ValueError):
@@ -88,9 +92,6 @@ def load_documents(cfg: DataConfig, files: list[Path]) -> tuple[list[str], Stats
     or with ``data.utf8_errors=strict`` refused naming the file and byte offset."""
     from datasets import load_dataset
 
-    if cfg.utf8_errors not in ("replace", "strict"):
-        raise ConfigError(f"config error: data.utf8_errors={cfg.utf8_errors!r}: one of "
-                          "replace, strict")
     kwargs: dict[str, Any] = {}
     bad = 0
     if cfg.format == "text":
@@ -100,6 +101,11 @@ def load_documents(cfg: DataConfig, files: list[Path]) -> tuple[list[str], Stats
             if n and cfg.utf8_errors == "strict":
                 raise DataError(f"data error: {f}: invalid UTF-8 at byte offset {first} "
                                 f"({n} invalid sequences; data.utf8_errors=strict)")
+            size = f.stat().st_size
+            if n and n > BINARY_FRACTION * max(size, 1):
+                print(f"warning: data.files: {f}: {n:,} invalid UTF-8 sequences in {size:,} bytes "
+                      f"replaced — is it a text file? (data.utf8_errors=strict refuses such "
+                      "files)", file=sys.stderr)
             bad += n
     try:
         ds = load_dataset(cfg.format, data_files=[str(f) for f in files], split="train", **kwargs)
@@ -110,16 +116,23 @@ def load_documents(cfg: DataConfig, files: list[Path]) -> tuple[list[str], Stats
     if key not in ds.column_names:
         raise DataError(f"data error: data.text_key={key!r}: not a column of {files[0]} "
                         f"(columns: {', '.join(ds.column_names)})")
+    dtype = getattr(ds.features[key], "dtype", None)
+    if dtype not in ("string", "large_string"):
+        raise DataError(f"data error: data.text_key={key!r}: the column holds {dtype or 'nested'} "
+                        f"values, not text ({', '.join(str(f) for f in files[:3])}); choose the "
+                        "text column with data.text_key")
     stats = Stats(invalid_utf8=bad)
     docs = []
     for text in ds[key]:
-        if not text or not str(text).strip():
+        if not text or not text.strip():
             stats.empty_dropped += 1
             continue
-        docs.append(str(text))
+        docs.append(text)
     stats.documents = len(docs)
     if not docs:
-        raise DataError(f"data error: data.files: all {stats.empty_dropped} documents are empty")
+        where = (", ".join(str(f) for f in files[:5]) + (" ..." if len(files) > 5 else ""))
+        raise DataError(f"data error: data.files: all {stats.empty_dropped} documents are empty "
+                        f"or whitespace only ({where})")
     return docs, stats
 
 
@@ -147,10 +160,15 @@ def build_tokenizer(cfg: TokenizerConfig, docs: list[str]):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     if cfg.name.value == "bpe":
+        chars = sum(len(d) for d in docs)
+        loud = chars >= PROGRESS_CHARS  # say what is happening when it takes a while
+        if loud:
+            print(f"tokenizer: training a byte-level BPE (vocab {cfg.vocab_size}) on "
+                  f"{chars / 1e6:.1f}M characters ...", file=sys.stderr)
         trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, special_tokens=list(SPECIALS),
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
-        tok.train_from_iterator(docs, trainer=trainer)
+                                      show_progress=loud)
+        tok.train_from_iterator(docs, trainer=trainer, length=len(docs))
     else:
         tok.add_special_tokens(list(SPECIALS))
     # Text that merely contains "<pad>" or "<eos>" stays text: specials come only from us.

@@ -42,9 +42,12 @@ def headline(summary: dict[str, Any]) -> dict[str, float]:
 
 class ProbeCallback(L.Callback):
     def __init__(self, spec, tc, meta: dict[str, Any], run_dir: Path, *,
-                 run: Callable[..., Any] = probe_model, verbose: bool = False) -> None:
+                 run: Callable[..., Any] = probe_model, verbose: bool = False,
+                 all_ranks: bool = False) -> None:
         self.spec, self.tc, self.meta, self.run_dir = spec, tc, meta, Path(run_dir)
         self.run, self.verbose = run, verbose
+        # Sharded parameters: every rank must take part in every forward; rank 0 writes.
+        self.all_ranks = all_ranks
         self.done: set[int] = set()
         self.errors: list[tuple[int, str]] = []
         self.last: dict[str, Any] | None = None
@@ -52,7 +55,8 @@ class ProbeCallback(L.Callback):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         step = trainer.global_step
-        if not self.spec.enabled or not trainer.is_global_zero or step in self.done:
+        zero = trainer.is_global_zero
+        if not self.spec.enabled or not (zero or self.all_ranks) or step in self.done:
             return
         self.done.add(step)
         name = f"step-{step:06d}"
@@ -60,8 +64,11 @@ class ProbeCallback(L.Callback):
         was_training = pl_module.model.training
         try:
             result = self.run(pl_module.model, self.tc, self.meta, self.spec, step=step,
-                              checkpoint=name, out_dir=out_dir, plots=True)
+                              checkpoint=name, out_dir=out_dir if zero else None, plots=True)
         except Exception as e:
+            if not zero:
+                pl_module.model.train(was_training)
+                return
             # Policy: a failing probe never stops training or touches its state. The
             # checkpoint is written as usual; the error is printed and kept next to it.
             pl_module.model.train(was_training)
@@ -71,7 +78,7 @@ class ProbeCallback(L.Callback):
             out_dir.parent.mkdir(parents=True, exist_ok=True)
             (out_dir.parent / "probe_error.txt").write_text(traceback.format_exc())
             return
-        if result is None:
+        if result is None or not zero:
             return
         self.last = result.summary
         scalars = headline(result.summary)

@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from blocklab import checkpoint as ckpt
-from blocklab.config import ConfigError, TrainConfig
+from blocklab.config import ConfigError, TrainConfig, validate_probe_spec, validate_run_probe_spec
 from blocklab.provenance import config_hash, digest
 
 
@@ -25,7 +25,10 @@ def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
 
 @torch.no_grad()
 def validation_loss(path: str | Path, *, batches: int | None = None,
-                    batch_size: int | None = None) -> dict[str, Any]:
+                    batch_size: int | None = None, out_dir: str | Path | None = None
+                    ) -> dict[str, Any]:
+    """The checkpoint's validation loss on its run's validation stream, written to
+    ``out_dir/val.json`` (default ``<run dir>/eval/<checkpoint>/val.json``)."""
     from blocklab.data.datamodule import ExampleSource, ResumableBatches
     from blocklab.data.streams import build_streams
     from blocklab.objectives import build_objective
@@ -43,10 +46,49 @@ def validation_loss(path: str | Path, *, batches: int | None = None,
         total, count = total + float(out.total), count + int(out.count)
     result = {"checkpoint": str(path), "step": meta["step"], "val_loss": total / max(count, 1),
               "val_targets": count, "arch_hash": meta["arch_hash"]}
-    out_dir = path.parent.parent / "eval" / path.name
+    out_dir = Path(out_dir) if out_dir is not None else path.parent.parent / "eval" / path.name
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "val.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = None,
+                        batch_size: int | None = None, out: str | Path | None = None):
+    """``blocklab-eval ckpt=...``: validation loss, then the probes (when ``spec`` is enabled).
+    With ``out`` every output goes there (``val.json``, and the probe files in
+    ``<spec>-<spec hash>/``) and the run directory is only read; without it they
+    go under the run directory, which is then held like a training process holds it (one
+    owner at a time). Everything is checked — probe grid against the run's vocabulary, the
+    destination writable, the run free — before the first file is written."""
+    import contextlib
+
+    from blocklab.config import validate_run_probe_spec
+    from blocklab.runlock import run_lock, writable_dir
+
+    path = ckpt.resolve(target)
+    if spec.enabled:
+        stored = path / ckpt.META  # the metadata without unpickling the state
+        meta = json.loads(stored.read_text()) if stored.is_file() else ckpt.metadata(path)
+        validate_run_probe_spec(spec, stored_train_config(meta))
+    run_dir = path.parent.parent
+    if out is not None:
+        owner = contextlib.nullcontext(writable_dir(out, "out="))
+    else:
+        owner = run_lock(writable_dir(run_dir, "run directory"), "eval")
+    with owner:
+        result = validation_loss(path, batches=val_batches, batch_size=batch_size,
+                                 out_dir=out)
+        probes = (probe_checkpoint(path, spec, out=probe_out(out, spec)) if spec.enabled
+                  else None)
+    return result, probes
+
+
+def probe_out(out: str | Path | None, spec) -> Path | None:
+    """Where ``blocklab-eval out=DIR`` puts a spec's probe files: ``DIR/<spec>-<spec hash>``
+    (beside ``DIR/val.json``); None without ``out``."""
+    from blocklab.eval.items import spec_hash
+
+    return None if out is None else Path(out) / f"{spec.name}-{spec_hash(spec)}"
 
 
 # ------------------------------------------------------------------------------------ probes
@@ -122,6 +164,7 @@ def probe_checkpoint(path: str | Path, spec, *, out: str | Path | None = None, l
     path = ckpt.resolve(path)
     model, _, meta = ckpt.load_model(path)
     tc = stored_train_config(meta)
+    validate_run_probe_spec(spec, tc)  # against the run's vocabulary (enough distinct keys)
     out_dir = Path(out) if out else probe_dir(path.parent.parent, path.name, spec)
     return probe_model(model, tc, meta, spec, step=int(meta["step"]), checkpoint=str(path),
                        out_dir=out_dir, log=log)
@@ -131,14 +174,13 @@ def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,
              out: str | Path | None = None, log=print):
     """``blocklab-eval hf_model=<dir> [hf_gguf=<file>] probes=text``: the same text-space
     probes on a Hugging Face causal LM, through :class:`blocklab.eval.hf.HFCausalLM`."""
-    from blocklab.eval.hf import HFCausalLM, load_hf_causal_lm
+    from blocklab.eval.hf import HFCausalLM, check_hf_model, load_hf_causal_lm
     from blocklab.eval.items import spec_hash
     from blocklab.eval.probes import run_spec
     from blocklab.eval.textspace import TextBuilder, TextTokenizer
 
-    if spec.space == "token":
-        raise ConfigError("config error: probes.space='token': a Hugging Face model needs the "
-                          "text-space builder (probes=text)")
+    validate_probe_spec(spec, "probes", synthetic=False)  # a real tokenizer: text space
+    check_hf_model(model_dir, gguf_file=gguf_file)  # one line, before anything is loaded
     if not spec.train_length:  # the reference length that lengths are multiples of
         spec.train_length = 512
     model, hf_tok = load_hf_causal_lm(model_dir, gguf_file=gguf_file)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from blocklab.errors import ConfigError
 
 _QUANT_SUFFIX = re.compile(r"\.(?:I?Q\d\w*|F16|BF16|F32)$", re.IGNORECASE)
 
@@ -237,6 +240,55 @@ class HFCausalLM:
 
 
 # ------------------------------------------------------------------------------------- loading
+def _cached_hub_file(repo_id: str, filename: str) -> str | None:
+    """Path of ``filename`` of hub repo ``repo_id`` in the local Hugging Face cache, or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, filename)
+    except (ImportError, ValueError):  # no huggingface_hub, or not a valid repo id
+        return None
+    return found if isinstance(found, str) else None
+
+
+def check_hf_model(path: str, *, gguf_file: str | None = None) -> None:
+    """Refuse, in one line naming ``hf_model`` (:class:`ConfigError`), what loading would fail on
+    with a traceback: a path that does not exist (and is no cached hub id), a file, an empty
+    directory or one without ``config.json``, a ``config.json`` that is not a transformers
+    config, a missing ``hf_gguf`` file. Reads only ``config.json``: nothing is loaded."""
+    def fail(rule: str) -> ConfigError:
+        return ConfigError(f"config error: hf_model={path!r}: {rule}")
+
+    wanted = gguf_file or "config.json"
+    if os.path.isdir(path):
+        found = os.path.join(path, wanted)
+        if not os.path.isfile(found):
+            if gguf_file is not None:
+                raise ConfigError(f"config error: hf_gguf={gguf_file!r}: no such file in "
+                                  f"hf_model={path!r}")
+            if not os.listdir(path):
+                raise fail("an empty directory, not a Hugging Face model directory (config.json, "
+                           "weights, tokenizer files)")
+            raise fail("no config.json: not a Hugging Face model directory")
+    elif os.path.exists(path):
+        hint = ("; name its directory in hf_model and the file in hf_gguf"
+                if path.lower().endswith(".gguf") else "")
+        raise fail(f"a file, not a model directory{hint}")
+    else:
+        found = _cached_hub_file(path, wanted)
+        if found is None:
+            raise fail("no such directory (nor a Hugging Face hub id in the local cache)")
+    if gguf_file is not None:
+        return
+    try:
+        with open(found, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise fail(f"config.json is not valid JSON ({str(e).splitlines()[0]})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise fail("config.json has no model_type: not a transformers model config")
+
+
 def load_hf_causal_lm(path: str, *, gguf_file: str | None = None,
                       dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer offline (``local_files_only=True``) from a local

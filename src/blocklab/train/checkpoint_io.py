@@ -1,5 +1,8 @@
 """Lightning's checkpoint I/O routed through blocklab's atomic, verified format, so Lightning's
-own save, resume and pruning paths all use it (and every load is ``weights_only=True``)."""
+own save and resume paths use it (and every load is ``weights_only=True``). Retention is done
+here too, after every successful save: the newest ``keep`` checkpoints of the run directory
+stay, whichever launch wrote them (Lightning's own top-k only knows the checkpoints of the
+current launch, so every resume used to leave its starting checkpoint behind)."""
 
 from __future__ import annotations
 
@@ -13,9 +16,13 @@ from blocklab import checkpoint as ckpt
 
 
 class BlocklabCheckpointIO(CheckpointIO):
+    def __init__(self, keep: int = 0) -> None:
+        self.keep = keep  # newest checkpoints kept per run directory (0 = all)
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any | None = None) -> None:
-        ckpt.write_checkpoint(Path(path), checkpoint)
+        path = ckpt.write_checkpoint(Path(path), checkpoint)
+        ckpt.prune(path.parent.parent, self.keep)
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:

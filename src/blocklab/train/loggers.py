@@ -1,5 +1,7 @@
 """Experiment loggers by name. All write under the run directory; wandb stays offline unless
-``logger.mode=online`` is asked for (online with no network blocks for ~100 s, then fails)."""
+``logger.mode=online`` is asked for (online with no network blocks for ~100 s, then fails).
+The CSV log, which ``blocklab-compare`` reads, is always kept and flushed at every row
+(train/metrics.py)."""
 
 from __future__ import annotations
 
@@ -11,19 +13,12 @@ from blocklab.config import LoggerConfig
 def csv(cfg: LoggerConfig, run_dir: Path) -> list:
     from lightning.pytorch.loggers import CSVLogger
 
-    return [CSVLogger(save_dir=run_dir, name="logs")]
+    return [CSVLogger(save_dir=run_dir, name="logs", flush_logs_every_n_steps=1)]
 
 
 def tensorboard(cfg: LoggerConfig, run_dir: Path) -> list:
-    import importlib.util
-
+    """CSV plus TensorBoard (config.validate_logger checks the package is installed)."""
     from lightning.pytorch.loggers import TensorBoardLogger
-
-    from blocklab.config import ConfigError
-
-    if not (importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")):
-        raise ConfigError("config error: logger=tensorboard: the tensorboard package is not "
-                          "installed; pip install 'blocklab[tensorboard]'")
 
     return [*csv(cfg, run_dir), TensorBoardLogger(save_dir=run_dir, name="tensorboard")]
 

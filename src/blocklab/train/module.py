@@ -9,7 +9,6 @@ scheduler and loop state.
 from __future__ import annotations
 
 import functools
-import math
 import random
 import sys
 import time
@@ -20,7 +19,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from blocklab.config import ConfigError, TrainConfig
+from blocklab.config import TrainConfig
 from blocklab.model import build_model
 from blocklab.objectives import build_objective
 from blocklab.registry import lookup
@@ -49,8 +48,11 @@ class LitModel(L.LightningModule):
         self.tokens_seen = 0
         self.skipped_steps = 0  # non-finite steps skipped under trainer.skip_nonfinite
         self._pending_rng: dict[str, Any] | None = None
+        # The running optimizer step's loss (summed over its micro-batches), and the token
+        # counts since the last logged row (throughput).
+        self._loss_total = self._loss_count = 0.0
         self._t_last: float | None = None
-        self._tokens_since = 0
+        self._tokens_since = self._seq_tokens_since = 0
 
     # ------------------------------------------------------------------------------ steps
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -76,7 +78,13 @@ class LitModel(L.LightningModule):
         tokens = int(count)
         self.tokens_seen += tokens
         self._tokens_since += tokens
-        self.log("train/loss", logged, prog_bar=True, batch_size=1)
+        seq = batch.get("input_ids", batch.get("target_ids"))
+        self._seq_tokens_since += seq.numel() * world
+        self._loss_total += float(logged) * tokens
+        self._loss_count += tokens
+        # Rows reach the loggers through blocklab.train.metrics (durable before a checkpoint);
+        # Lightning's own logging only feeds the progress bar and the run summary.
+        self.log("train/loss", logged, prog_bar=True, logger=False, batch_size=1)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -99,32 +107,52 @@ class LitModel(L.LightningModule):
         print(f"warning: {what} at step {self.global_step}: step skipped "
               f"({self.skipped_steps}/{limit} allowed by trainer.skip_nonfinite)", file=sys.stderr)
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        every = self.cfg.trainer.log_every_steps
-        if every and (self.global_step % every == 0) and self._t_last is not None:
-            dt = time.perf_counter() - self._t_last
-            if dt > 0:
-                rate = self._tokens_since / dt
-                self.log("train/target_tokens_per_s", rate, batch_size=1)
-                seq = batch.get("input_ids", batch.get("target_ids"))
-                all_tokens = seq.numel() * self.trainer.world_size * every / dt
-                self.log("train/tokens_per_s", all_tokens, batch_size=1)
+    def finish_step(self, *, log: bool) -> dict[str, float]:
+        """Close the optimizer step just taken; with ``log``, its metrics row: the step's loss
+        (all its micro-batches, every rank), learning rate, tokens seen, and throughput since
+        the last logged row."""
+        row: dict[str, float] = {}
+        if log:
+            if self._loss_count:
+                row["train/loss"] = self._loss_total / self._loss_count
+            row["train/lr"] = float(self.trainer.optimizers[0].param_groups[0]["lr"])
+            row["train/tokens_seen"] = float(self.tokens_seen)
+            now = time.perf_counter()
+            if self._t_last is not None and now > self._t_last:
+                dt = now - self._t_last
+                row["train/target_tokens_per_s"] = self._tokens_since / dt
+                row["train/tokens_per_s"] = all_tokens = self._seq_tokens_since / dt
                 if self.flops_per_token:
-                    achieved = all_tokens * self.flops_per_token
-                    self.log("train/flops_per_s", achieved, batch_size=1)
+                    row["train/flops_per_s"] = all_tokens * self.flops_per_token
                     if self.peak_flops:
-                        self.log("train/mfu", achieved / self.peak_flops, batch_size=1)
-            self._tokens_since = 0
-            self._t_last = time.perf_counter()
+                        row["train/mfu"] = row["train/flops_per_s"] / self.peak_flops
+            self._t_last, self._tokens_since, self._seq_tokens_since = now, 0, 0
+            for k, v in row.items():  # progress bar and run summary (not the loggers)
+                self.log(k, v, logger=False, batch_size=1, prog_bar=k == "train/loss")
         elif self._t_last is None:
-            self._t_last = time.perf_counter()
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=1)
-        self.log("train/tokens_seen", float(self.tokens_seen), batch_size=1)
+            self._t_last, self._tokens_since, self._seq_tokens_since = time.perf_counter(), 0, 0
+        self._loss_total = self._loss_count = 0.0
+        return row
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        out = self.objective.loss(self.model, batch)
-        self.log("val/loss", out.total / out.count.clamp(min=1), prog_bar=True,
-                 batch_size=int(out.count), sync_dist=True)
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        """Mean loss over the validation batches, on every rank together (each rank scores its
+        shard; totals and target counts are summed), with the model in eval mode."""
+        was_training = self.model.training
+        self.model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        try:
+            for batch in self.trainer.datamodule.validation_loader():
+                out = self.objective.loss(self.model, self.trainer.strategy.batch_to_device(batch))
+                total += out.total.double()
+                count += out.count.double()
+        finally:
+            self.model.train(was_training)
+        if self.trainer.world_size > 1:
+            total = self.trainer.strategy.reduce(total, reduce_op="sum")
+            count = self.trainer.strategy.reduce(count, reduce_op="sum")
+        return float(total / count.clamp(min=1))
 
     def configure_model(self) -> None:
         """Under ``trainer.strategy=model_parallel``: FSDP2, each transformer block its own
@@ -195,24 +223,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
     if state.get("cuda") and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def check_finite_config(cfg: TrainConfig) -> None:
-    """Rates and sizes of the training config (model rules live in config.validate_model)."""
-    o, t, d = cfg.optim, cfg.trainer, cfg.data
-    rules = [
-        ("optim.lr", o.lr, o.lr > 0 and math.isfinite(o.lr), "must be > 0"),
-        ("optim.weight_decay", o.weight_decay, o.weight_decay >= 0, "must be >= 0"),
-        ("optim.grad_clip", o.grad_clip, o.grad_clip >= 0, "must be >= 0 (0 = off)"),
-        ("trainer.max_steps", t.max_steps, t.max_steps >= 1, "must be >= 1"),
-        ("trainer.accumulate", t.accumulate, t.accumulate >= 1, "must be >= 1"),
-        ("trainer.skip_nonfinite", t.skip_nonfinite, t.skip_nonfinite >= 0,
-         "must be >= 0 (0 = stop at the first non-finite step)"),
-        ("data.batch_size", d.batch_size, d.batch_size >= 1, "must be >= 1"),
-        ("data.seq_len", d.seq_len, d.seq_len >= 8, "must be >= 8"),
-        ("schedule.warmup_steps", cfg.schedule.warmup_steps, cfg.schedule.warmup_steps >= 0,
-         "must be >= 0"),
-    ]
-    for key, value, ok, rule in rules:
-        if not ok:
-            raise ConfigError(f"config error: {key}={value!r}: {rule}")

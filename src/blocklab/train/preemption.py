@@ -5,9 +5,11 @@ Lightning's signal connector records SIGTERM and raises at the end of the curren
 callback runs just before that, in ``on_train_batch_end``, and saves the checkpoint of the
 finished step (on every rank: saving is collective under DDP).
 
-Fault-injection hook for tests: with ``BLOCKLAB_FAULT_SIGTERM_AT_STEP=N`` in the environment the
-process sends itself SIGTERM as optimizer step N starts, so a test preempts at a known step
-instead of racing a signal against a running process."""
+Ctrl-C (SIGINT) is treated the same way: the first one is turned into the SIGTERM path above
+(the running step finishes, its checkpoint is written, exit code 7); a second Ctrl-C aborts at
+once, as Python's default does.
+
+Tests signal the process at a deterministic step with ``BLOCKLAB_FAULT`` (blocklab/faults.py)."""
 
 from __future__ import annotations
 
@@ -18,20 +20,44 @@ from pathlib import Path
 
 import lightning as L
 
-FAULT_ENV = "BLOCKLAB_FAULT_SIGTERM_AT_STEP"
+from blocklab.faults import maybe_fault
 
 
 class Preemption(L.Callback):
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
         self.saved = False
-        fault = os.environ.get(FAULT_ENV)
-        self.fault_step = int(fault) if fault else None
+        self.signal_name = "SIGTERM"  # what stopped the run, for the message
+        self._previous_sigint = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._restore_sigint()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore_sigint()
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
+    def _on_sigint(self, signum, frame) -> None:
+        """First Ctrl-C: finish the step, checkpoint it, exit 7 (through Lightning's SIGTERM
+        handling); a second one raises KeyboardInterrupt as usual."""
+        self.signal_name = "SIGINT"
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\ninterrupt: finishing the current step and writing its checkpoint (Ctrl-C again "
+              "to abort without one)", file=sys.stderr)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.fault_step is not None and trainer.global_step == self.fault_step:
-            self.fault_step = None
-            os.kill(os.getpid(), signal.SIGTERM)  # delivered before this step runs
+        maybe_fault("step", trainer.global_step)  # tests: a signal before this step runs
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if getattr(trainer, "received_sigterm", False) and not self.saved:
@@ -39,4 +65,5 @@ class Preemption(L.Callback):
             step = trainer.global_step
             trainer.save_checkpoint(self.run_dir / "checkpoints" / f"step-{step:06d}",
                                     weights_only=False)  # the full training state
-            print(f"SIGTERM: checkpoint of step {step} written; stopping", file=sys.stderr)
+            print(f"{self.signal_name}: checkpoint of step {step} written; stopping",
+                  file=sys.stderr)

@@ -7,7 +7,6 @@ everything is.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import os
@@ -19,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from blocklab import checkpoint as ckpt
-from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_model
+from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_train
 from blocklab.provenance import (
     arch_hash,
     config_diff,
@@ -29,6 +28,8 @@ from blocklab.provenance import (
     text_hash,
     versions,
 )
+from blocklab.runlock import run_lock, writable_dir
+from blocklab.train.metrics import reconcile
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -51,22 +52,11 @@ def new_run_dir(cfg: TrainConfig) -> Path:
     return Path(cfg.out_root) / cfg.experiment_name / f"{stamp}-{secrets.token_hex(3)}"
 
 
-def prepare_run_dir(path: Path, *, resuming: bool) -> None:
-    """Create the run directory (or check it on resume) before building anything."""
-    for parent in [path, *path.parents]:
-        if parent.exists() and not parent.is_dir():
-            raise ConfigError(f"I/O error: run directory {path}: {parent} is a file, not a "
-                              "directory; choose another out_root")
-    if not resuming and ckpt.list_checkpoints(path):
-        raise ConfigError(f"run directory {path} already holds checkpoints: pass "
-                          f"resume={path} to continue it, or use a new directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"I/O error: run directory {path}: not writable ({e.strerror})") from None
+def refuse_fresh_run_over_checkpoints(path: Path) -> None:
+    """A new run never writes into a directory that holds another run's checkpoints."""
+    if ckpt.list_checkpoints(path):
+        raise ConfigError(f"config error: run_dir={str(path)!r}: already holds checkpoints; "
+                          f"pass resume={path} to continue that run, or use a new directory")
 
 
 def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change: bool,
@@ -104,11 +94,7 @@ def _loggers(tc: TrainConfig, run_dir: Path) -> list:
 
 def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     """Run a training job from a composed ``train`` config; return the run directory."""
-    tc = to_train_config(cfg)
-    validate_model(dataclasses.replace(tc.model, vocab_size=tc.model.vocab_size or 1))
-    from blocklab.train.module import check_finite_config
-
-    check_finite_config(tc)
+    tc = validate_train(to_train_config(cfg))  # every key, before anything is written
     resume_from, old = None, None
     if tc.resume:
         resume_from = ckpt.resolve(tc.resume)
@@ -119,12 +105,11 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     else:
         run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
     from blocklab.data.streams import build_streams
-    from blocklab.model.estimate import count_params
 
     streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
     if streams.description:
         print(f"data: {streams.description}", file=sys.stderr)
-    vocab, tokenizer, fingerprint = streams.vocab_size, streams.tokenizer, streams.fingerprint
+    vocab = streams.vocab_size
     if tc.model.vocab_size is None:  # the tokenizer decides; stored resolved in the config
         tc.model.vocab_size = vocab
         with open_dict(cfg):
@@ -132,38 +117,62 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     if tc.model.vocab_size < vocab:
         raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
                           f"the tokenizer's vocabulary ({vocab})")
-    if not ddp_child():
-        prepare_run_dir(run_dir, resuming=resume_from is not None)  # the first write, if valid
+    if ddp_child():  # rank 0 owns the directory and has written everything
+        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides)
+    writable_dir(run_dir, "run directory")  # the first write, once everything above is valid
+    with run_lock(run_dir, "resume" if resume_from else "train"):
+        if resume_from is None:
+            refuse_fresh_run_over_checkpoints(run_dir)
+        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides)
+
+
+def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_from: Path | None,
+            old: dict[str, Any] | None, overrides: list[str] | None) -> Path:
+    """Check a resume against its checkpoint, write the run's files (rank 0), and fit."""
+    from blocklab.model.estimate import count_params
+
     os.environ["BLOCKLAB_RUN_DIR"] = str(run_dir)  # inherited by DDP child processes
     plain = plain_config(cfg)
-    model_plain = model_to_dict(tc.model)
-    tok_hash = text_hash(tokenizer)
+    tok_hash = text_hash(streams.tokenizer)
     if old is not None:
         for note in check_resume(old, plain, allow_data_change=tc.allow_data_change,
-                                 fingerprints={"data_fingerprint": fingerprint,
+                                 fingerprints={"data_fingerprint": streams.fingerprint,
                                                "tokenizer_hash": tok_hash}):
             print(f"warning: {note}", file=sys.stderr)
     meta = {
         "format_version": ckpt.FORMAT_VERSION, "config": plain,
         "config_yaml": OmegaConf.to_yaml(OmegaConf.create(plain)), "overrides": overrides or [],
-        "arch_hash": arch_hash(model_plain), "tokenizer": tokenizer, "tokenizer_hash": tok_hash,
-        "data_fingerprint": fingerprint, "versions": versions(), "git": git_info(),
-        "run_dir": str(run_dir), "created": dt.datetime.now().isoformat(timespec="seconds"),
+        "arch_hash": arch_hash(model_to_dict(tc.model)), "tokenizer": streams.tokenizer,
+        "tokenizer_hash": tok_hash, "data_fingerprint": streams.fingerprint,
+        "versions": versions(), "git": git_info(), "run_dir": str(run_dir),
+        "created": dt.datetime.now().isoformat(timespec="seconds"),
         "params": count_params(tc.model), "config_hash": config_hash(plain),
     }
     if not ddp_child():
-        ckpt.clean_partial(run_dir)
-        name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
-        (run_dir / name).write_text(meta["config_yaml"])
-        if not (run_dir / "run.json").exists():  # what the run is, readable without torch
-            keep = ("params", "arch_hash", "config_hash", "tokenizer_hash", "data_fingerprint",
-                    "versions", "git", "overrides", "created", "run_dir")
-            (run_dir / "run.json").write_text(json.dumps({k: meta[k] for k in keep}, indent=2))
+        _write_run_files(run_dir, meta, old)
     try:
         return _fit(tc, run_dir, meta, streams, resume_from)
     finally:
         os.environ.pop("BLOCKLAB_RUN_DIR", None)
         _close_process_group()
+
+
+def _write_run_files(run_dir: Path, meta: dict[str, Any], old: dict[str, Any] | None) -> None:
+    """Clean a killed save's leftovers, write the resolved config (one per resume) and
+    ``run.json``; on resume, set aside log rows the resumed run writes again."""
+    ckpt.clean_partial(run_dir)
+    name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
+    (run_dir / name).write_text(meta["config_yaml"])
+    if not (run_dir / "run.json").exists():  # what the run is, readable without torch
+        keep = ("params", "arch_hash", "config_hash", "tokenizer_hash", "data_fingerprint",
+                "versions", "git", "overrides", "created", "run_dir")
+        (run_dir / "run.json").write_text(json.dumps({k: meta[k] for k in keep}, indent=2))
+    if old is not None:
+        moved = reconcile(run_dir, int(old["step"]))
+        if moved:
+            print(f"resume: {moved} log rows from step {old['step']} on (written before the "
+                  "interruption) moved to logs/*/metrics.superseded.csv; the resumed run "
+                  "writes them again", file=sys.stderr)
 
 
 def _close_process_group() -> None:
@@ -190,6 +199,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     from blocklab.data.datamodule import BlocklabData
     from blocklab.model.estimate import estimate
     from blocklab.train.checkpoint_io import BlocklabCheckpointIO
+    from blocklab.train.metrics import DurableMetrics
     from blocklab.train.module import LitModel
     from blocklab.train.preemption import Preemption
 
@@ -207,22 +217,29 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
                         accumulate=t.accumulate, num_workers=tc.data.num_workers)
     if resume_from is not None:
         data.start_batch = int(ckpt.metadata(resume_from)["batches_seen"])
+    # Every periodic checkpoint is written (retention is BlocklabCheckpointIO's, over the whole
+    # run directory); the same step saved again replaces its checkpoint, never "-v1".
     saver = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step:06d}",
                             auto_insert_metric_name=False, every_n_train_steps=t.ckpt_every_steps,
-                            save_top_k=t.keep_checkpoints or -1, monitor="step", mode="max",
-                            save_on_train_epoch_end=False)
+                            save_top_k=-1, save_on_train_epoch_end=False,
+                            enable_version_counter=False)
     saver.FILE_EXTENSION = ""
+    preemption = Preemption(run_dir)
     trainer = L.Trainer(
         accelerator=t.accelerator, devices=t.devices, strategy=_strategy(t),
         num_nodes=t.num_nodes, precision=t.precision, max_steps=t.max_steps, max_epochs=-1,
         accumulate_grad_batches=t.accumulate,
-        gradient_clip_val=tc.optim.grad_clip or None, val_check_interval=t.val_every_steps,
-        check_val_every_n_epoch=None, log_every_n_steps=t.log_every_steps,
-        callbacks=[Preemption(run_dir), saver, *_probe_callbacks(tc, meta, run_dir),
+        gradient_clip_val=tc.optim.grad_clip or None,
+        limit_val_batches=0,  # validation runs in DurableMetrics, before the step's checkpoint
+        log_every_n_steps=t.log_every_steps,
+        # DurableMetrics first: a step's row is on disk before any checkpoint of that step.
+        callbacks=[DurableMetrics(log_every=t.log_every_steps, val_every=t.val_every_steps,
+                                  accumulate=t.accumulate, max_steps=t.max_steps),
+                   preemption, saver, *_probe_callbacks(tc, meta, run_dir),
                    *_progress(t.progress_bar)],
         logger=_loggers(tc, run_dir),
         enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
-        plugins=[BlocklabCheckpointIO()], default_root_dir=run_dir,
+        plugins=[BlocklabCheckpointIO(keep=t.keep_checkpoints)], default_root_dir=run_dir,
         deterministic=t.deterministic, enable_model_summary=False,
         use_distributed_sampler=False,  # ResumableBatches shards by rank itself
     )
@@ -231,20 +248,32 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     try:
         trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
     except SIGTERMException:
-        raise Preempted(f"preempted (SIGTERM) after step {trainer.global_step}: checkpoint "
+        how = "interrupted" if preemption.signal_name == "SIGINT" else "preempted"
+        raise Preempted(f"{how} ({preemption.signal_name}) after step {trainer.global_step}: "
+                        f"checkpoint "
                         f"{run_dir / 'checkpoints' / f'step-{trainer.global_step:06d}'} written; "
                         f"resume exactly with: blocklab-train resume={run_dir}") from None
     final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
-    if not final.exists():
+    if not ckpt.is_valid(final):  # missing, or a corrupt one left by an earlier launch
         trainer.save_checkpoint(final, weights_only=False)  # full training state
+    probes = None
+    if trainer.is_global_zero or sharded(t):  # a sharded model's forward needs every rank
+        probes = _final_probes(tc, meta, lit, run_dir, trainer.global_step,
+                               write=trainer.is_global_zero)
     if trainer.is_global_zero:
-        _summary(run_dir, trainer, lit, _final_probes(tc, meta, lit, run_dir, trainer.global_step))
+        _summary(run_dir, trainer, lit, probes)
     return run_dir
 
 
+def sharded(t) -> bool:
+    """Whether the strategy shards parameters: every rank then takes part in every forward
+    (probes included), not rank 0 alone."""
+    return t.strategy in ("fsdp", "model_parallel")
+
+
 class Preempted(RuntimeError):
-    """SIGTERM (e.g. a cluster preempting the job): the step finished, a checkpoint was
-    written, and the run can be resumed exactly (exit code 7)."""
+    """SIGTERM (e.g. a cluster preempting the job) or a first Ctrl-C: the step finished, a
+    checkpoint was written, and the run can be resumed exactly (exit code 7)."""
 
     exit_code = 7
 
@@ -268,12 +297,15 @@ def _probe_callbacks(tc: TrainConfig, meta: dict[str, Any], run_dir: Path) -> li
         return []
     from blocklab.eval.callback import ProbeCallback
 
-    return [ProbeCallback(tc.checkpoint_probes, tc, meta, run_dir)]
+    return [ProbeCallback(tc.checkpoint_probes, tc, meta, run_dir,
+                          all_ranks=sharded(tc.trainer))]
 
 
-def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step: int):
+def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step: int, *,
+                  write: bool = True):
     """The full probe grid on the final model (the same code as ``blocklab-eval``), with every
-    core: the batches are large, unlike the tiny training steps."""
+    core: the batches are large, unlike the tiny training steps. Under a sharded strategy every
+    rank runs it (each forward gathers the parameters from all ranks); only rank 0 ``write``s."""
     if not tc.probes.enabled:
         return None
     import torch
@@ -285,10 +317,11 @@ def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, ste
     name = f"step-{step:06d}"
     try:
         return probe_model(lit.model, tc, meta, tc.probes, step=step, checkpoint=name,
-                           out_dir=probe_dir(run_dir, name, tc.probes))
+                           out_dir=probe_dir(run_dir, name, tc.probes) if write else None)
     except Exception as e:  # the trained model and its checkpoint are already safe
-        print(f"warning: final probes failed ({type(e).__name__}: {e}); rerun them with "
-              f"blocklab-eval ckpt={run_dir / 'checkpoints' / name}", file=sys.stderr)
+        if write:
+            print(f"warning: final probes failed ({type(e).__name__}: {e}); rerun them with "
+                  f"blocklab-eval ckpt={run_dir / 'checkpoints' / name}", file=sys.stderr)
         return None
     finally:
         torch.set_num_threads(threads)

@@ -1,22 +1,13 @@
-"""Config schema (structured dataclasses) and the checks that run on a *composed* config.
-
-Hydra composes YAML from ``configs/`` on top of these dataclasses, which catches unknown keys
-and wrong types at compose time. ``validate_model`` then checks the cross-field rules, after
-command-line overrides (``__post_init__`` would not re-run after overrides). Every error is a
-:class:`ConfigError` whose one-line message names the dotted key, the value and the rule.
-
-This module must stay import-light (no torch): ``--cfg job`` and ``--help`` use it.
-"""
+"""The config schema: structured dataclasses Hydra composes YAML onto (unknown keys and wrong
+types fail at compose time), the choices that are not component names, and the facts of the
+synthetic vocabulary the rules need."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from blocklab.errors import ConfigError
+from blocklab.config.checks import _fail
 
 # ----------------------------------------------------------------------------------- choices
 # Component axes (family, norm, block, position, ffn, attention) are plain strings checked
@@ -30,6 +21,47 @@ class RopeScaling(enum.Enum):
     linear = "linear"
     ntk = "ntk"
     yarn = "yarn"
+
+
+# Choices that are strings in the schema (Lightning's names, file formats, ...): the validators
+# below check them; each tuple is the one list of what blocklab supports.
+DATA_FORMATS = ("text", "json", "parquet")  # datasets.load_dataset builders for data.files
+LONG_DOCUMENTS = ("split", "truncate")
+UTF8_ERRORS = ("replace", "strict")
+OPTIMIZERS = ("adamw",)
+# Lightning accelerators blocklab runs on ("gpu" = Lightning's alias of the CUDA backend).
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
+# Lightning 2.6's precision strings (lightning.fabric.plugins.precision.precision
+# _PRECISION_INPUT_STR and its aliases "64", "32", "16", "bf16").
+PRECISIONS = ("32-true", "32", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
+              "64-true", "64", "transformer-engine", "transformer-engine-float16")
+# Lightning strategies by name (train/run.py _strategy: "fsdp" and "model_parallel" are
+# blocklab's own sharded setups, the rest go to Lightning as is).
+STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "model_parallel")
+WANDB_MODES = ("offline", "online", "disabled")
+PROBE_SPACES = ("auto", "token", "text")
+TEXT_HAYSTACKS = ("essay", "shakespeare")  # built in; anything else is a path to a text file
+
+
+# -------------------------------------------------------------- synthetic vocabulary facts
+# What the synthetic tasks (data/synthetic.py) require of a config, defined here (and imported
+# there) so that the validators can check a config without importing the data package.
+
+FILLERS = ("iid", "phrase", "markov")  # haystack kinds of the needle task
+MARKOV_MIN_FILLER = 4  # the Markov filler chain gives each filler token 4 distinct successors
+
+
+def needle_min_length(n_distractors: int) -> int:
+    """Shortest needle sequence: BOS, 3 tokens per needle, SEP k v, one filler per distractor."""
+    return 3 * (n_distractors + 1) + 4 + n_distractors
+
+
+def distinct_pairs(task: str, seq_len: int, max_distractors: int) -> int:
+    """Distinct keys (and as many values) that one ``task`` sequence of up to ``seq_len`` tokens
+    draws from the synthetic vocabulary (0: the task draws no keys)."""
+    return {"needle": max_distractors + 1, "kv_records": (seq_len - 4) // 3,
+            "kv_records_query_aware": (seq_len - 6) // 3,
+            "mqar": (seq_len - 1) // 6}.get(task, 0)
 
 
 # ------------------------------------------------------------------------------------ schema
@@ -339,59 +371,6 @@ class EstimateConfig:
     bytes_per_value: int = 2  # KV cache / activation dtype size (2 = bf16/fp16)
 
 
-CONFIG_MODULE = "blocklab.configs"  # the configs/ folder, shipped as package data
-
-
-def config_dir() -> str:
-    """Where blocklab's own configs are on disk (``configs/`` of a clone, or the installed
-    package's copy)."""
-    import importlib.resources
-
-    return str(importlib.resources.files(CONFIG_MODULE))
-
-
-def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...] = (), *,
-            config_dirs: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose a config exactly as the command line would, for Python use::
-
-        cfg = compose("estimate", ["model=llama_tiny", "model/position=alibi"])
-        model = blocklab.model.build_model(cfg.model)
-
-    ``config_dirs`` are user config directories searched first (like ``--config-dir`` on the
-    command line); user plugins are imported first (registry.load_plugins)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-
-    from blocklab.registry import load_plugins
-
-    load_plugins()
-    register_configs()
-    extra = [f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"
-             ] if config_dirs else []
-    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        return hydra_compose(config_name, overrides=[*overrides, *extra])
-
-
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="estimate_schema", node=EstimateConfig)
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="eval_schema", node=EvalConfig)
-    cs.store(group="model", name="schema", node=ModelConfig)
-    cs.store(group="probes", name="schema", node=ProbeSpec)
-
-
-# -------------------------------------------------------------------------------- validation
-
-
-def _fail(key: str, value: Any, rule: str, hint: str = "") -> ConfigError:
-    tail = f"; {hint}" if hint else ""
-    return ConfigError(f"config error: {key}={value!r}: {rule}{tail}")
-
-
 def resolve_kv_heads(m: ModelConfig) -> int:
     """Number of K/V heads implied by ``attention.name`` (MHA/GQA/MQA) and ``n_kv_heads``."""
     a = m.attention
@@ -403,86 +382,3 @@ def resolve_kv_heads(m: ModelConfig) -> int:
         raise _fail("model.attention.n_kv_heads", None, "gqa needs n_kv_heads set",
                     "e.g. model.attention.n_kv_heads=2")
     return m.n_heads  # mha, and any registered attention that does not say otherwise
-
-
-MODEL_AXES = ("family", "norm", "block", "position", "ffn", "attention")
-
-
-def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
-    """Check the cross-field rules of a composed model config; return it unchanged. Component
-    names are checked against their registries (which loads user plugins, see registry.py)."""
-    from blocklab import registry
-
-    for axis in MODEL_AXES:
-        registry.lookup(axis, getattr(m, axis).name, f"{key}.{axis}.name")
-    if m.vocab_size is None:
-        raise _fail(f"{key}.vocab_size", None, "must be set here (null means 'the tokenizer's "
-                    "size' and is only filled in by training)")
-    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
-        value = getattr(m, name)
-        if value < 1:
-            raise _fail(f"{key}.{name}", value, "must be >= 1")
-    for name, value in (("dropout", m.dropout), ("attention.dropout", m.attention.dropout)):
-        if not 0.0 <= value < 1.0:
-            raise _fail(f"{key}.{name}", value, "must be in [0, 1)")
-    if m.d_head is None and m.d_model % m.n_heads:
-        raise _fail(f"{key}.n_heads", m.n_heads, f"must divide d_model={m.d_model}",
-                    "or set model.d_head explicitly")
-    if m.d_head is not None and m.d_head < 1:
-        raise _fail(f"{key}.d_head", m.d_head, "must be >= 1")
-    kv = resolve_kv_heads(m)
-    kind = m.attention.name
-    if not 1 <= kv <= m.n_heads or m.n_heads % kv:
-        raise _fail(f"{key}.attention.n_kv_heads", kv,
-                    f"must be in [1, n_heads={m.n_heads}] and divide n_heads")
-    if kind == "mha" and kv != m.n_heads:
-        raise _fail(f"{key}.attention.n_kv_heads", kv, f"mha needs n_kv_heads == n_heads={m.n_heads}",
-                    "use model/attention=gqa or mqa")
-    if kind == "mqa" and kv != 1:
-        raise _fail(f"{key}.attention.n_kv_heads", kv, "mqa needs n_kv_heads == 1")
-    if kind == "gqa" and not 1 < kv < m.n_heads:
-        raise _fail(f"{key}.attention.n_kv_heads", kv,
-                    f"gqa needs 1 < n_kv_heads < n_heads={m.n_heads}", "use mha or mqa")
-    p = m.position
-    if p.name == "rope":
-        if m.head_dim % 2:
-            raise _fail(f"{key}.d_head", m.head_dim, "rope needs an even head dimension")
-        if p.base <= 1:
-            raise _fail(f"{key}.position.base", p.base, "must be > 1")
-        if p.factor < 1:
-            raise _fail(f"{key}.position.factor", p.factor, "must be >= 1")
-    if p.name == "t5_bias" and (p.num_buckets < 4 or p.max_distance <= p.num_buckets // 2):
-        raise _fail(f"{key}.position.num_buckets", p.num_buckets,
-                    f"t5_bias needs num_buckets >= 4 and max_distance > num_buckets/2 "
-                    f"(max_distance={p.max_distance})")
-    if m.norm.eps <= 0:
-        raise _fail(f"{key}.norm.eps", m.norm.eps, "must be > 0")
-    if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
-        raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
-    return m
-
-
-def model_config(cfg: DictConfig | ModelConfig | dict) -> ModelConfig:
-    """Turn a composed ``cfg.model`` (DictConfig, plain dict or dataclass) into a checked
-    :class:`ModelConfig`. Plain dicts (e.g. from a checkpoint) are merged onto the schema, so
-    unknown keys and wrong types are rejected the same way as at compose time."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    if isinstance(cfg, ModelConfig):
-        return validate_model(cfg)
-    if isinstance(cfg, dict) and "_target_" in str(cfg):
-        raise ConfigError("config error: model: '_target_' is not allowed in a model config")
-    try:
-        if isinstance(cfg, dict) or OmegaConf.get_type(cfg) is not ModelConfig:
-            cfg = OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg)
-        m = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as e:
-        where = getattr(e, "full_key", None) or "?"
-        first = str(e).splitlines()[0]
-        raise ConfigError(f"config error: model.{where}: {first}") from None
-    return validate_model(m)
-
-
-def model_to_dict(m: ModelConfig) -> dict[str, Any]:
-    """Plain, YAML-safe dict of a model config (enums as strings)."""
-    return OmegaConf.to_container(OmegaConf.structured(m), enum_to_str=True)

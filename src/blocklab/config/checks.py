@@ -1,0 +1,44 @@
+"""Building blocks of the config rules: one-line errors naming key, value and rule."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any
+
+from blocklab.errors import ConfigError
+
+
+def _fail(key: str, value: Any, rule: str, hint: str = "") -> ConfigError:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    elif isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
+        value = list(value)
+    tail = f"; {hint}" if hint else ""
+    return ConfigError(f"config error: {key}={value!r}: {rule}{tail}")
+
+
+def _check(ok: bool, key: str, value: Any, rule: str, hint: str = "") -> None:
+    if not ok:
+        raise _fail(key, value, rule, hint)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _name(x: Any) -> Any:
+    return x.value if isinstance(x, enum.Enum) else x
+
+
+def _one_of(key: str, value: Any, choices: tuple[str, ...], hint: str = "") -> None:
+    _check(value in choices, key, value, f"one of {', '.join(choices)}", hint)
+
+
+def _each(key: str, values: list, ok, rule: str, *, required: bool) -> None:
+    """Every element of a list satisfies ``ok``; with ``required`` the list is not empty."""
+    values = list(values)
+    _check(bool(values) or not required, key, values,
+           "must not be empty while this probe is enabled")
+    bad = [v for v in values if not ok(v)]
+    _check(not bad, key, values, f"{rule} (not {bad[0]!r})" if bad else rule)

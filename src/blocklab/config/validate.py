@@ -1,0 +1,340 @@
+"""One validator per composed config, in sections by config group: every value and every
+cross-field rule of the schema is checked here, before anything is built or written."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from blocklab.config.checks import _check, _fail, _finite, _name, _one_of
+from blocklab.config.probes import validate_probe_spec
+from blocklab.config.schema import (
+    ACCELERATORS,
+    DATA_FORMATS,
+    FILLERS,
+    LONG_DOCUMENTS,
+    MARKOV_MIN_FILLER,
+    OPTIMIZERS,
+    PRECISIONS,
+    STRATEGIES,
+    UTF8_ERRORS,
+    WANDB_MODES,
+    DataConfig,
+    DataName,
+    EvalConfig,
+    LoggerConfig,
+    ModelConfig,
+    OptimConfig,
+    PositionConfig,
+    ProbeSpec,
+    RopeScaling,
+    ScheduleConfig,
+    TaskWeights,
+    TokenizerConfig,
+    TokenizerName,
+    TrainConfig,
+    TrainerConfig,
+    distinct_pairs,
+    needle_min_length,
+    resolve_kv_heads,
+)
+from blocklab.errors import ConfigError
+
+MODEL_AXES = ("family", "norm", "block", "position", "ffn", "attention")
+
+
+def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
+    """Check the cross-field rules of a composed model config; return it unchanged. Component
+    names are checked against their registries (which loads user plugins, see registry.py)."""
+    from blocklab import registry
+
+    for axis in MODEL_AXES:
+        registry.lookup(axis, getattr(m, axis).name, f"{key}.{axis}.name")
+    if m.vocab_size is None:
+        raise _fail(f"{key}.vocab_size", None, "must be set here (null means 'the tokenizer's "
+                    "size' and is only filled in by training)")
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+        value = getattr(m, name)
+        if value < 1:
+            raise _fail(f"{key}.{name}", value, "must be >= 1")
+    for name, value in (("dropout", m.dropout), ("attention.dropout", m.attention.dropout)):
+        if not 0.0 <= value < 1.0:
+            raise _fail(f"{key}.{name}", value, "must be in [0, 1)")
+    if m.d_head is None and m.d_model % m.n_heads:
+        raise _fail(f"{key}.n_heads", m.n_heads, f"must divide d_model={m.d_model}",
+                    "or set model.d_head explicitly")
+    if m.d_head is not None and m.d_head < 1:
+        raise _fail(f"{key}.d_head", m.d_head, "must be >= 1")
+    kv = resolve_kv_heads(m)
+    kind = m.attention.name
+    if not 1 <= kv <= m.n_heads or m.n_heads % kv:
+        raise _fail(f"{key}.attention.n_kv_heads", kv,
+                    f"must be in [1, n_heads={m.n_heads}] and divide n_heads")
+    if kind == "mha" and kv != m.n_heads:
+        raise _fail(f"{key}.attention.n_kv_heads", kv, f"mha needs n_kv_heads == n_heads={m.n_heads}",
+                    "use model/attention=gqa or mqa")
+    if kind == "mqa" and kv != 1:
+        raise _fail(f"{key}.attention.n_kv_heads", kv, "mqa needs n_kv_heads == 1")
+    if kind == "gqa" and not 1 < kv < m.n_heads:
+        raise _fail(f"{key}.attention.n_kv_heads", kv,
+                    f"gqa needs 1 < n_kv_heads < n_heads={m.n_heads}", "use mha or mqa")
+    p = m.position
+    if p.name == "rope":
+        if m.head_dim % 2:
+            raise _fail(f"{key}.d_head", m.head_dim, "rope needs an even head dimension")
+        if p.base <= 1:
+            raise _fail(f"{key}.position.base", p.base, "must be > 1")
+        if p.factor < 1:
+            raise _fail(f"{key}.position.factor", p.factor, "must be >= 1")
+    if p.name == "t5_bias" and (p.num_buckets < 4 or p.max_distance <= p.num_buckets // 2):
+        raise _fail(f"{key}.position.num_buckets", p.num_buckets,
+                    f"t5_bias needs num_buckets >= 4 and max_distance > num_buckets/2 "
+                    f"(max_distance={p.max_distance})")
+    if m.norm.eps <= 0:
+        raise _fail(f"{key}.norm.eps", m.norm.eps, "must be > 0")
+    if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
+        raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
+    return m
+
+
+_ROPE_OPTIONS = ("base", "scaling", "factor", "original_max_seq_len", "yarn_beta_fast",
+                 "yarn_beta_slow")
+_T5_OPTIONS = ("num_buckets", "max_distance")
+_POSITION_TABLES = ("learned",)  # position schemes with one trained vector per position
+
+
+def _validate_position_options(m: ModelConfig, data: DataConfig, key: str = "model") -> None:
+    """Options a built-in position scheme would silently ignore, and the position table against
+    the training length. (Not part of validate_model: a model built directly may carry them.)"""
+    from blocklab import registry
+
+    p, default = m.position, PositionConfig()
+    if p.name in registry.builtin_names("position"):
+        for owner, options in (("rope", _ROPE_OPTIONS), ("t5_bias", _T5_OPTIONS)):
+            if p.name == owner:
+                continue
+            for o in options:
+                value = getattr(p, o)
+                _check(_name(value) == _name(getattr(default, o)), f"{key}.position.{o}",
+                       value, f"a {owner} option: model.position.name={p.name!r} ignores it",
+                       f"leave it at {_name(getattr(default, o))!r} or use model/position={owner}")
+    if p.name == "rope":
+        _check(p.scaling is not RopeScaling.none or p.factor == 1.0, f"{key}.position.factor",
+               p.factor, "only used with position.scaling linear, ntk or yarn (scaling is none)",
+               "set model.position.scaling too, or leave factor at 1.0")
+        _check(p.original_max_seq_len is None or p.original_max_seq_len >= 1,
+               f"{key}.position.original_max_seq_len", p.original_max_seq_len,
+               "must be null or >= 1")
+        for o in ("yarn_beta_fast", "yarn_beta_slow"):
+            _check(_finite(getattr(p, o)) and getattr(p, o) > 0, f"{key}.position.{o}",
+                   getattr(p, o), "must be > 0")
+    if p.name in _POSITION_TABLES:
+        _check(m.max_seq_len >= data.seq_len, f"{key}.max_seq_len", m.max_seq_len,
+               f"the {p.name} position table must cover data.seq_len={data.seq_len}",
+               f"raise {key}.max_seq_len or lower data.seq_len")
+
+
+def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
+    """The synthetic mixture: task weights, distractors, curriculum, lengths, fillers and
+    enough distinct keys and values for the longest sequence of every task used."""
+    weights = d.tasks if isinstance(d.tasks, dict) else dataclasses.asdict(d.tasks)
+    known = [f.name for f in dataclasses.fields(TaskWeights)]
+    unknown = sorted(set(weights) - set(known))
+    if unknown:
+        raise ConfigError(f"config error: {key}.tasks.{unknown[0]}: unknown task; known: "
+                          f"{', '.join(sorted(known))}")
+    if not all(_finite(w) and w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise _fail(f"{key}.tasks", weights, "weights must be >= 0 with a positive sum")
+    used = {k for k, w in weights.items() if w}
+    _check(len(d.n_distractors) == 2, f"{key}.n_distractors", d.n_distractors,
+           "needs [min, max]")
+    lo, hi = d.n_distractors
+    _check(0 <= lo <= hi, f"{key}.n_distractors", d.n_distractors, "need 0 <= min <= max")
+    stages = [list(st) for st in d.curriculum]
+    _check(all(len(st) == 2 and st[0] >= 0 and st[1] >= d.min_len for st in stages)
+           and stages == sorted(stages), f"{key}.curriculum", stages,
+           f"needs [[from_step, max_len], ...] sorted by step, each max_len >= "
+           f"min_len={d.min_len}")
+    _check(8 <= d.min_len <= d.seq_len, f"{key}.min_len", d.min_len,
+           f"need 8 <= min_len <= seq_len={d.seq_len}")
+    if "needle" in used:
+        _check(bool(d.fillers) and set(d.fillers) <= set(FILLERS), f"{key}.fillers", d.fillers,
+               f"needs one or more of {', '.join(FILLERS)}")
+        needed = needle_min_length(hi)
+        _check(d.min_len >= needed, f"{key}.min_len", d.min_len,
+               f"needle with {hi} distractors needs sequences of at least {needed} tokens")
+    _check(d.n_filler >= MARKOV_MIN_FILLER, f"{key}.n_filler", d.n_filler,
+           f"must be >= {MARKOV_MIN_FILLER} (the Markov filler gives each filler token "
+           f"{MARKOV_MIN_FILLER} distinct successors)")
+    for name in ("n_keys", "n_values"):
+        _check(getattr(d, name) >= 1, f"{key}.{name}", getattr(d, name), "must be >= 1")
+    for task in sorted(used):
+        n = distinct_pairs(task, d.seq_len, hi)
+        if min(d.n_keys, d.n_values) < n:
+            name = "n_keys" if d.n_keys < n else "n_values"
+            raise _fail(f"{key}.{name}", getattr(d, name), f"{task} at seq_len={d.seq_len} "
+                        f"needs {n} distinct keys and values",
+                        "raise data.n_keys/n_values or lower data.seq_len")
+    return d
+
+
+def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> DataConfig:
+    """Sizes, rates and choices of the data and tokenizer configs (files are read later, by
+    the data package: missing or malformed data is a data error, exit 3)."""
+    _check(d.batch_size >= 1, f"{key}.batch_size", d.batch_size, "must be >= 1")
+    _check(d.seq_len >= 8, f"{key}.seq_len", d.seq_len, "must be >= 8")
+    _check(d.val_batches >= 1, f"{key}.val_batches", d.val_batches, "must be >= 1")
+    _check(d.num_workers >= 0, f"{key}.num_workers", d.num_workers,
+           "must be >= 0 (0 = load in the main process)")
+    _check(_finite(d.val_fraction) and 0 < d.val_fraction < 1, f"{key}.val_fraction",
+           d.val_fraction, "must be in (0, 1)")
+    _check(_finite(d.mlm_probability) and 0 < d.mlm_probability <= 1,
+           f"{key}.mlm_probability", d.mlm_probability, "must be in (0, 1]")
+    _one_of(f"{key}.format", d.format, DATA_FORMATS,
+            "the loader of data.files; convert other formats to JSON lines or parquet")
+    _one_of(f"{key}.long_documents", d.long_documents, LONG_DOCUMENTS)
+    _one_of(f"{key}.utf8_errors", d.utf8_errors, UTF8_ERRORS)
+    synthetic_tok = _name(tok.name) == TokenizerName.synthetic.value
+    if _name(d.name) == DataName.synthetic.value:
+        _check(synthetic_tok, "tokenizer.name", _name(tok.name),
+               "synthetic data uses tokenizer=synthetic")
+        validate_mixture(d, key)
+    else:
+        _check(not synthetic_tok, "tokenizer.name", _name(tok.name),
+               "the synthetic vocabulary only tokenizes synthetic data",
+               "use tokenizer=bpe, byte or file")
+        if d.corpus:
+            from blocklab import registry
+
+            registry.lookup("corpus", d.corpus, f"{key}.corpus")
+        else:
+            _check(bool(d.files), f"{key}.files", list(d.files),
+                   "text data needs data.corpus or data.files")
+        _check(d.format == "text" or bool(d.text_key), f"{key}.text_key", d.text_key,
+               f"{d.format} records need the name of their text column")
+    if _name(tok.name) == TokenizerName.file.value:
+        _check(bool(tok.path), "tokenizer.path", tok.path, "tokenizer=file needs a path to a "
+               "tokenizer.json")
+    if _name(tok.name) == TokenizerName.bpe.value:
+        _check(tok.vocab_size >= 1, "tokenizer.vocab_size", tok.vocab_size, "must be >= 1")
+    return d
+
+
+def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
+    _one_of(f"{key}.name", o.name, OPTIMIZERS)
+    _check(_finite(o.lr) and o.lr > 0, f"{key}.lr", o.lr, "must be > 0")
+    _check(len(o.betas) == 2, f"{key}.betas", o.betas, "needs two values [beta1, beta2]")
+    _check(all(_finite(b) and 0 <= b < 1 for b in o.betas), f"{key}.betas", o.betas,
+           "each beta must be in [0, 1)")
+    _check(_finite(o.eps) and o.eps > 0, f"{key}.eps", o.eps, "must be > 0")
+    _check(_finite(o.weight_decay) and o.weight_decay >= 0, f"{key}.weight_decay",
+           o.weight_decay, "must be >= 0")
+    _check(_finite(o.grad_clip) and o.grad_clip >= 0, f"{key}.grad_clip", o.grad_clip,
+           "must be >= 0 (0 = off)")
+    return o
+
+
+def validate_schedule(s: ScheduleConfig, key: str = "schedule") -> ScheduleConfig:
+    from blocklab import registry
+
+    registry.lookup("schedule", s.name, f"{key}.name")
+    _check(s.warmup_steps >= 0, f"{key}.warmup_steps", s.warmup_steps, "must be >= 0")
+    _check(_finite(s.min_lr_ratio) and 0 <= s.min_lr_ratio <= 1, f"{key}.min_lr_ratio",
+           s.min_lr_ratio, "must be in [0, 1] (a fraction of optim.lr)")
+    return s
+
+
+def validate_trainer(t: TrainerConfig, key: str = "trainer") -> TrainerConfig:
+    """Lightning's names and the run's cadences; a GPU accelerator only where there is one
+    (torch is imported only then)."""
+    _one_of(f"{key}.accelerator", t.accelerator, ACCELERATORS)
+    _one_of(f"{key}.precision", t.precision, PRECISIONS)
+    _one_of(f"{key}.strategy", t.strategy, STRATEGIES)
+    for name in ("devices", "num_nodes", "max_steps", "accumulate", "val_every_steps",
+                 "ckpt_every_steps", "log_every_steps"):
+        _check(getattr(t, name) >= 1, f"{key}.{name}", getattr(t, name), "must be >= 1")
+    _check(t.keep_checkpoints >= 0, f"{key}.keep_checkpoints", t.keep_checkpoints,
+           "must be >= 0 (0 = keep all)")
+    _check(t.skip_nonfinite >= 0, f"{key}.skip_nonfinite", t.skip_nonfinite,
+           "must be >= 0 (0 = stop at the first non-finite step)")
+    _check(t.threads is None or t.threads >= 1, f"{key}.threads", t.threads,
+           "must be null (leave as is) or >= 1")
+    _check(t.peak_flops is None or (_finite(t.peak_flops) and t.peak_flops > 0),
+           f"{key}.peak_flops", t.peak_flops, "must be null (measured on CPU) or > 0")
+    if t.accelerator == "cpu":
+        _check(t.strategy != "fsdp", f"{key}.strategy", t.strategy,
+               "Lightning's FSDP needs GPUs", "use trainer=model_parallel (FSDP2) on CPU")
+        _check(not t.precision.startswith("transformer-engine"), f"{key}.precision",
+               t.precision, "Transformer Engine needs a GPU")
+    if t.accelerator in ("gpu", "cuda"):
+        import torch
+
+        _check(torch.cuda.is_available(), f"{key}.accelerator", t.accelerator,
+               "no CUDA GPU is available here (torch.cuda.is_available() is False)",
+               "use trainer=cpu")
+        have = torch.cuda.device_count()
+        _check(t.devices <= have, f"{key}.devices", t.devices,
+               f"more than the {have} CUDA GPU(s) of this machine")
+    if t.accelerator == "mps":
+        import torch
+
+        _check(torch.backends.mps.is_available(), f"{key}.accelerator", t.accelerator,
+               "no Apple MPS device is available here", "use trainer=cpu")
+    return t
+
+
+def validate_logger(lg: LoggerConfig, key: str = "logger") -> LoggerConfig:
+    from blocklab import registry
+
+    registry.lookup("logger", lg.name, f"{key}.name")
+    if lg.name == "wandb":
+        _one_of(f"{key}.mode", lg.mode, WANDB_MODES)
+    if lg.name == "tensorboard":
+        import importlib.util
+
+        _check(bool(importlib.util.find_spec("tensorboard")
+                    or importlib.util.find_spec("tensorboardX")), f"{key}.name", lg.name,
+               "the tensorboard package is not installed",
+               "pip install 'blocklab[tensorboard]'")
+    return lg
+
+
+def validate_train(tc: TrainConfig) -> TrainConfig:
+    """Every key of a composed training config, before any data is read, any model built or
+    any file written; returns it unchanged. ``model.vocab_size`` may still be null here (the
+    tokenizer decides; training checks it against the tokenizer once that is built)."""
+    validate_model(dataclasses.replace(
+        tc.model, vocab_size=1 if tc.model.vocab_size is None else tc.model.vocab_size))
+    validate_data(tc.data, tc.tokenizer)
+    _validate_position_options(tc.model, tc.data)
+    validate_optim(tc.optim)
+    validate_schedule(tc.schedule)
+    validate_trainer(tc.trainer)
+    validate_logger(tc.logger)
+    for key in ("probes", "checkpoint_probes"):
+        validate_run_probe_spec(getattr(tc, key), tc, key)
+    return tc
+
+
+def validate_run_probe_spec(spec: ProbeSpec, tc: TrainConfig, key: str = "probes") -> ProbeSpec:
+    """A probe spec for the model of training run ``tc`` (its config when training, the stored
+    one for a checkpoint): the run's tokenizer decides the builder, a synthetic run's data how
+    many distinct keys and values the probes may draw."""
+    synthetic = _name(tc.tokenizer.name) == TokenizerName.synthetic.value
+    data = tc.data if _name(tc.data.name) == DataName.synthetic.value else None
+    return validate_probe_spec(spec, key, synthetic=synthetic, data=data)
+
+
+def validate_eval(cfg: EvalConfig) -> EvalConfig:
+    """``blocklab-eval``'s own keys and its probe spec (checked again, against the run's
+    vocabulary, once the checkpoint is known: :func:`validate_probe_spec` with ``data``)."""
+    if (cfg.ckpt is None) == (cfg.hf_model is None):
+        raise ConfigError(f"config error: ckpt={cfg.ckpt!r}, hf_model={cfg.hf_model!r}: give "
+                          "exactly one (a blocklab run/checkpoint, or a Hugging Face model dir)")
+    _check(cfg.hf_gguf is None or cfg.hf_model is not None, "hf_gguf", cfg.hf_gguf,
+           "a GGUF file inside hf_model; only with hf_model")
+    for name in ("val_batches", "batch_size"):
+        value = getattr(cfg, name)
+        _check(value is None or value >= 1, name, value,
+               "must be null (the run's data." + name + ") or >= 1")
+    validate_probe_spec(cfg.probes, "probes", synthetic=False if cfg.hf_model else None)
+    return cfg

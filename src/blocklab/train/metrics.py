@@ -1,0 +1,116 @@
+"""Metrics as durable as checkpoints: every step's row is on disk before any checkpoint that
+follows it, and after a crash and resume each step's row exists exactly once.
+
+Lightning logs a step's metrics only after its ``on_train_batch_end`` hooks, where periodic
+checkpoints are written, and validates after that: a process killed between the two lost the
+rows of the step before its newest checkpoint for good (and its validation), because the
+resumed run starts after them. Here the order is reversed: :class:`DurableMetrics` runs first
+among the batch-end callbacks, writes the step's row (training metrics on log steps, the
+validation loss on validation steps) and flushes it; only then are checkpoints written.
+
+A run that crashed between two checkpoints leaves rows the resumed run writes again (it
+restarts at its checkpoint and replays those steps exactly). :func:`reconcile` moves them, when
+the run resumes, out of the earlier logs into ``metrics.superseded.csv`` beside them (kept,
+never deleted), so ``logs/version_*/metrics.csv`` — what ``blocklab-compare`` and plots read —
+holds each step once.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+PROBE_PREFIX = "probe/"
+
+
+class DurableMetrics(L.Callback):
+    """Writes each optimizer step's row (and the validation loss on validation steps) to the
+    loggers, flushed, before the checkpoint callbacks of that step run."""
+
+    def __init__(self, *, log_every: int, val_every: int, accumulate: int, max_steps: int) -> None:
+        self.log_every, self.val_every = log_every, val_every
+        self.accumulate, self.max_steps = accumulate, max_steps
+        self._last_step = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % self.accumulate:
+            return  # mid-accumulation: the optimizer step is not done
+        step = trainer.global_step - 1  # index of the optimizer step just taken
+        if step == self._last_step:
+            return  # a skipped (non-finite) step: no new optimizer step, no row
+        self._last_step = step
+        last = step + 1 >= self.max_steps
+        row = pl_module.finish_step(log=(step + 1) % self.log_every == 0 or last)
+        if (step + 1) % self.val_every == 0:
+            row["val/loss"] = pl_module.validation_loss()
+            pl_module.log("val/loss", row["val/loss"], logger=False, prog_bar=True, batch_size=1)
+        if row:
+            write_row(trainer, row, step)
+
+
+def write_row(trainer: L.Trainer, row: dict[str, float], step: int) -> None:
+    """Log one row at ``step`` to every logger and flush it to disk now."""
+    for logger in trainer.loggers:
+        logger.log_metrics(row, step=step)
+        logger.save()
+
+
+def _superseded(row: dict[str, str], resume_step: int) -> bool:
+    """Whether a logged row will be written again by a run resuming at ``resume_step``:
+    step rows from that step on, and probe rows of later checkpoints (the probes of the
+    checkpoint resumed from ran before it was written and are not repeated)."""
+    try:
+        step = int(float(row.get("step") or ""))
+    except ValueError:
+        return False
+    probe_only = all(k in ("step", "epoch") or k.startswith(PROBE_PREFIX) or not v
+                     for k, v in row.items())
+    return step > resume_step if probe_only else step >= resume_step
+
+
+def reconcile(run_dir: str | Path, resume_step: int) -> int:
+    """Before a run resumes at ``resume_step``: move rows it will write again out of the
+    earlier ``logs/version_*/metrics.csv`` into ``metrics.superseded.csv`` beside each (atomic
+    rewrite). Returns the number of rows moved."""
+    moved = 0
+    for path in sorted(Path(run_dir).glob("logs/version_*/metrics.csv"), key=_version):
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            fields, rows = list(reader.fieldnames or []), list(reader)
+        again = [r for r in rows if _superseded(r, resume_step)]
+        if not again:
+            continue
+        side = path.with_name("metrics.superseded.csv")
+        new_side = not side.exists()
+        with side.open("a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+            if new_side:
+                w.writeheader()
+            w.writerows(again)
+        tmp = path.with_name(f".metrics.csv.tmp-{os.getpid()}")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(r for r in rows if not _superseded(r, resume_step))
+        tmp.replace(path)
+        moved += len(again)
+    return moved
+
+
+def _version(path: Path) -> tuple[int, str]:
+    m = re.fullmatch(r"version_(\d+)", path.parent.name)
+    return (int(m.group(1)) if m else 1 << 30, path.parent.name)
+
+
+def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every row of the run's ``logs/version_*/metrics.csv``, in version order."""
+    rows = []
+    for path in sorted(Path(run_dir).glob("logs/version_*/metrics.csv"), key=_version):
+        with path.open(newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
