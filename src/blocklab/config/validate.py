@@ -99,7 +99,6 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
 _ROPE_OPTIONS = ("base", "scaling", "factor", "original_max_seq_len", "yarn_beta_fast",
                  "yarn_beta_slow")
 _T5_OPTIONS = ("num_buckets", "max_distance")
-_POSITION_TABLES = ("learned",)  # position schemes with one trained vector per position
 
 
 def _validate_position_options(m: ModelConfig, data: DataConfig, key: str = "model") -> None:
@@ -127,8 +126,10 @@ def _validate_position_options(m: ModelConfig, data: DataConfig, key: str = "mod
         for o in ("yarn_beta_fast", "yarn_beta_slow"):
             _check(_finite(getattr(p, o)) and getattr(p, o) > 0, f"{key}.position.{o}",
                    getattr(p, o), "must be > 0")
-    if p.name in _POSITION_TABLES:
-        _check(m.max_seq_len >= data.seq_len, f"{key}.max_seq_len", m.max_seq_len,
+    scheme = registry.lookup("position", p.name, f"{key}.position.name")
+    limit = scheme.positions_limit(p, max_seq_len=m.max_seq_len)  # the scheme says its limit
+    if limit is not None:
+        _check(limit >= data.seq_len, f"{key}.max_seq_len", m.max_seq_len,
                f"the {p.name} position table must cover data.seq_len={data.seq_len}",
                f"raise {key}.max_seq_len or lower data.seq_len")
 

@@ -32,6 +32,12 @@ class Position(nn.Module):
     #: Largest number of positions the scheme can index; ``None`` = unbounded.
     max_positions: int | None = None
 
+    @classmethod
+    def positions_limit(cls, cfg: PositionConfig, *, max_seq_len: int) -> int | None:
+        """``max_positions`` of the scheme a config builds, without building it (config
+        validation asks it before training)."""
+        return None
+
     def __init__(self, cfg: PositionConfig, *, d_model: int, d_head: int, n_heads: int,
                  max_seq_len: int, causal: bool) -> None:
         super().__init__()
@@ -84,6 +90,10 @@ class Learned(Position):
         super().__init__(cfg, d_model=d_model, max_seq_len=max_seq_len, **kw)
         self.max_positions = max_seq_len
         self.table = nn.Embedding(max_seq_len, d_model)
+
+    @classmethod
+    def positions_limit(cls, cfg: PositionConfig, *, max_seq_len: int) -> int | None:
+        return max_seq_len
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         compiling = torch.compiler.is_compiling()
