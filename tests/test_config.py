@@ -124,11 +124,14 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
 
 
-def test_estimate_command_prints_the_table_and_reports_errors_in_one_line():
-    out = _cli("model=llama_tiny", "model.n_layers=32", "model.d_model=4096", "model.n_heads=32",
-               "model.attention.n_kv_heads=8", "seq_len=8192")
-    assert out.returncode == 0, out.stderr
-    assert "1,073,741,824 B (1.000 GiB)" in out.stdout  # 2·B·L·T·H_kv·d_head·bytes
+def test_estimate_prints_the_table_and_the_command_reports_errors_in_one_line():
+    from blocklab.model.estimate import estimate, table
+
+    m = model_config(_compose("model=llama_tiny", "model.n_layers=32", "model.d_model=4096",
+                              "model.n_heads=32", "model.attention.n_kv_heads=8").model)
+    e = estimate(m, batch=1, seq_len=8192, bytes_per_value=2)
+    text = table(m, e, batch=1, seq_len=8192, bytes_per_value=2)
+    assert "1,073,741,824 B (1.000 GiB)" in text  # 2·B·L·T·H_kv·d_head·bytes
     bad = _cli("model.n_heads=3")
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [

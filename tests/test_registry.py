@@ -86,9 +86,9 @@ def test_other_axes_take_registered_components(scratch, tmp_path):
     scratch("corpus", "tiny", lambda: [text])
     assert registry.lookup("schedule", "flat")(5, None, 10) == 1.0
     assert registry.lookup("logger", "quiet")(None, tmp_path) == []
-    from blocklab.data.text import corpus_files
+    from blocklab.data.sources import resolve_files
 
-    assert corpus_files(DataConfig(corpus="tiny")) == [text]
+    assert resolve_files(DataConfig(corpus="tiny")) == [text]
 
 
 def test_a_component_without_param_count_is_counted_on_the_meta_device(scratch):

@@ -245,11 +245,9 @@ def test_a_bad_hf_model_fails_in_one_line_before_loading(tmp_path, monkeypatch, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("args", "line_start"), [
+    # (every rule is tested in-process above; these check the command's exit code and line)
     (["trainer.ckpt_every_steps=-5"], "config error: trainer.ckpt_every_steps=-5: must be >= 1"),
-    (["optim.betas=[0.9]"], "config error: optim.betas=[0.9]: needs two values"),
-    (["model/position=learned", "model.max_seq_len=64"], "config error: model.max_seq_len=64: "),
     (["schedule.name=bogus"], "config error: schedule.name='bogus': unknown choice"),
-    (["data.format=csv"], "config error: data.format='csv': one of text, json, parquet"),
 ], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
 def test_blocklab_train_exits_2_with_one_line_and_writes_nothing(tmp_path, args, line_start):
     r = cli("blocklab-train", "experiment=smoke", f"out_root={tmp_path / 'out'}", *args,
@@ -262,9 +260,7 @@ def test_blocklab_train_exits_2_with_one_line_and_writes_nothing(tmp_path, args,
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("args", "line_start"), [
-    (["val_batches=-1"], "config error: val_batches=-1: must be null"),
     (["probes.needle.n_distractors=[500]"], "config error: probes.needle.n_distractors=[500]: "),
-    (["probes.needle.fillers=[bogus]"], "config error: probes.needle.fillers=['bogus']: "),
     (["hf_model=MISSING"], "config error: hf_model="),
 ], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
 def test_blocklab_eval_exits_2_with_one_line_and_writes_nothing(run_dir, tmp_path, args,

@@ -53,6 +53,10 @@ def estimate_cli() -> None:
     _console(estimate)
 
 
+def prepare_cli() -> None:
+    _console(prepare)
+
+
 def _run(fn, cfg: DictConfig):
     """Errors users can cause end in one line and a per-class exit code, no traceback."""
     global _STARTED
@@ -60,8 +64,7 @@ def _run(fn, cfg: DictConfig):
     from omegaconf.errors import OmegaConfBaseException
 
     from blocklab.checkpoint import CheckpointError
-    from blocklab.data.text import DataError
-    from blocklab.errors import StorageError
+    from blocklab.errors import DataError, StorageError
     from blocklab.sweep import in_multirun, run_job
     from blocklab.train.run import Preempted
 
@@ -168,3 +171,29 @@ def estimate(cfg: DictConfig) -> None:
     """Print parameters, FLOPs/token, activation and KV-cache memory for a model config:
     ``blocklab-estimate model=llama_tiny model.n_layers=32 seq_len=8192``."""
     _run(_estimate, cfg)
+
+
+def _prepare(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    from blocklab.config import DataName, TrainConfig, validate_data
+    from blocklab.data.prepare import prepare as prepare_corpus
+
+    tc: TrainConfig = OmegaConf.to_object(cfg)
+    validate_data(tc.data, tc.tokenizer)
+    if tc.data.name is not DataName.text:
+        raise ConfigError(f"config error: data.name={tc.data.name.value!r}: only text data is "
+                          "prepared (synthetic data is generated on the fly)")
+    p = prepare_corpus(tc.data, tc.tokenizer)
+    m = p.meta
+    print(f"prepared corpus {p.path}: {m['documents']:,} documents, {m['tokens']:,} tokens "
+          f"({m['dtype']}, {m['shards']} shards) from {m['bytes'] / 1e6:.1f} MB; fingerprint "
+          f"{p.fingerprint}")
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
+def prepare(cfg: DictConfig) -> None:
+    """Tokenize a text corpus once into memory-mapped token shards, reused by every later run
+    with the same sources, tokenizer and reading settings (training does it on first use too):
+    ``blocklab-prepare data=text_files 'data.files=[corpus/]' tokenizer=bpe``."""
+    _run(_prepare, cfg)

@@ -16,3 +16,10 @@ class StorageError(OSError):
     ``StorageError(errno, one-line message)``."""
 
     exit_code = 6
+
+
+class DataError(ValueError):
+    """Missing, empty or malformed data (exit code 3): the one-line message names the file
+    (and where in it) or the data config key."""
+
+    exit_code = 3

@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from blocklab.config import DataConfig
-from blocklab.data.synthetic import BOS, MASK, PAD, Example
+from blocklab.data.synthetic import PAD, Example
+from blocklab.data.tokenizer import BLOCKLAB_SPECIALS, Specials
+from blocklab.errors import ConfigError
 from blocklab.registry import lookup
 
 IGNORE = -100
@@ -65,7 +67,8 @@ def pad_rows(rows: list[list[int]], *, left: bool, pad: int = PAD) -> tuple[Tens
 
 
 def _pack(examples: list[Example], row_len: int) -> list[tuple[list[int], list[bool], list[int]]]:
-    """Greedy first-fit packing in order: (tokens, targets, segment ids) rows of <= row_len."""
+    """Greedy first-fit packing in order: (tokens, targets, segment ids) rows of <= row_len.
+    An example that carries its own ``segments`` (a window of several documents) keeps them."""
     rows: list[tuple[list[int], list[bool], list[int]]] = []
     for ex in examples:
         if not rows or len(rows[-1][0]) + len(ex.tokens) > row_len:
@@ -74,7 +77,8 @@ def _pack(examples: list[Example], row_len: int) -> list[tuple[list[int], list[b
         seg = (segments[-1] + 1) if segments else 1
         tokens += ex.tokens
         targets += ex.targets
-        segments += [seg] * len(ex.tokens)
+        segments += ([seg + s - ex.segments[0] for s in ex.segments] if ex.segments
+                     else [seg] * len(ex.tokens))
     return rows
 
 
@@ -84,6 +88,8 @@ class Objective:
 
     #: Whether the family is a causal LM whose per-token likelihood is a perplexity.
     causal_lm: bool = False
+    #: The tokenizer's pad / bos / eos / mask ids (blocklab's own by default).
+    specials: Specials = BLOCKLAB_SPECIALS
 
     @classmethod
     def from_config(cls, data: DataConfig) -> Objective:
@@ -127,13 +133,14 @@ class CausalLM(Objective):
         return cls(pack_to=data.seq_len if data.packing else None)
 
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        pad = self.specials.pad
         if self.pack_to:
             rows = _pack(examples, self.pack_to + 1)
-            tokens = _pad([r[0] for r in rows], PAD, self.pack_to + 1)
+            tokens = _pad([r[0] for r in rows], pad, self.pack_to + 1)
             targets = _pad([[int(t) for t in r[1]] for r in rows], 0, self.pack_to + 1).bool()
             segments = _pad([r[2] for r in rows], 0, self.pack_to + 1)
         else:
-            tokens = _pad([e.tokens for e in examples], PAD)
+            tokens = _pad([e.tokens for e in examples], pad)
             targets = _pad([[int(t) for t in e.targets] for e in examples], 0).bool()
             segments = None
         # The shift, once: input t predicts token t+1, supervised where token t+1 is a target
@@ -157,7 +164,7 @@ class CausalLM(Objective):
                max_new_tokens: int) -> list[list[int]]:
         from blocklab.model.generate import generate
 
-        ids, valid = pad_rows(prompts, left=True)
+        ids, valid = pad_rows(prompts, left=True, pad=self.specials.pad)
         return generate(model, ids, valid=valid, max_new_tokens=max_new_tokens).tolist()
 
     def token_nll(self, model: torch.nn.Module, windows: Tensor) -> Tensor:
@@ -177,6 +184,7 @@ class MaskedLM(Objective):
         return cls(mlm_probability=data.mlm_probability, seed=data.seed)
 
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        mask = self._mask()
         inputs, labels = [], []
         for ex in examples:
             rng = random.Random(f"mlm:{self.seed}:{ex.tokens}")
@@ -184,21 +192,28 @@ class MaskedLM(Objective):
             chosen = [t and (not dense or rng.random() < self.p) for t in ex.targets]
             if dense and not any(chosen):
                 chosen[ex.targets.index(True)] = True
-            inputs.append([MASK if c else tok for tok, c in zip(ex.tokens, chosen)])
+            inputs.append([mask if c else tok for tok, c in zip(ex.tokens, chosen)])
             labels.append([tok if c else IGNORE for tok, c in zip(ex.tokens, chosen)])
-        ids = _pad(inputs, PAD)
+        ids = _pad(inputs, self.specials.pad)
         return {"input_ids": ids, "labels": _pad(labels, IGNORE, ids.shape[1]),
                 "valid": _pad([[1] * len(r) for r in inputs], 0, ids.shape[1]).bool()}
 
     def logits(self, model: torch.nn.Module, batch: dict[str, Tensor], **kw: Tensor) -> Tensor:
         return model(batch["input_ids"], valid=batch["valid"], **kw)
 
+    def _mask(self) -> int:
+        if self.specials.mask is None:
+            raise ConfigError("config error: model.family.name='encoder': the masked-LM "
+                              "objective needs a mask token, and this tokenizer has none")
+        return self.specials.mask
+
     def greedy(self, model: torch.nn.Module, prompts: list[list[int]],
                max_new_tokens: int) -> list[list[int]]:
         """Parallel prediction of ``max_new_tokens`` masked slots after each prompt (an
         encoder answers in place, not left to right)."""
         n = max_new_tokens
-        ids, valid = pad_rows([p + [MASK] * n for p in prompts], left=False)
+        ids, valid = pad_rows([p + [self._mask()] * n for p in prompts], left=False,
+                              pad=self.specials.pad)
         select = torch.zeros_like(valid)
         for i, p in enumerate(prompts):
             select[i, len(p):len(p) + n] = True
@@ -211,15 +226,16 @@ class Seq2Seq(Objective):
     token, the target is ``BOS + answers``; the decoder input is the target shifted right."""
 
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
+        sp = self.specials
         sources, targets = [], []
         for ex in examples:
             start = ex.answer_start
             sources.append(ex.tokens[:start])
-            targets.append([BOS] + [t for t, is_t in zip(ex.tokens[start:], ex.targets[start:]) if is_t])
-        src = _pad(sources, PAD)
-        tgt = _pad(targets, PAD)
-        labels = tgt[:, 1:].clone()
-        labels[labels == PAD] = IGNORE  # PAD is never a real answer token
+            targets.append([sp.bos] + [t for t, is_t in zip(ex.tokens[start:], ex.targets[start:])
+                                       if is_t])
+        src = _pad(sources, sp.pad)
+        tgt = _pad(targets, sp.pad)
+        labels = _pad([t[1:] for t in targets], IGNORE, tgt.shape[1] - 1)  # padding: no target
         return {"source_ids": src,
                 "source_valid": _pad([[1] * len(s) for s in sources], 0, src.shape[1]).bool(),
                 "target_ids": tgt[:, :-1], "labels": labels}
@@ -232,8 +248,8 @@ class Seq2Seq(Objective):
                max_new_tokens: int) -> list[list[int]]:
         from blocklab.model.generate import generate
 
-        src, valid = pad_rows(prompts, left=False)
-        start = torch.full((len(prompts), 1), BOS, dtype=torch.long)
+        src, valid = pad_rows(prompts, left=False, pad=self.specials.pad)
+        start = torch.full((len(prompts), 1), self.specials.bos, dtype=torch.long)
         return generate(model, start, source_ids=src, source_valid=valid,
                         max_new_tokens=max_new_tokens).tolist()
 
@@ -245,7 +261,10 @@ OBJECTIVES: dict[str, type[Objective]] = {
 }
 
 
-def build_objective(family: str, data: DataConfig) -> Objective:
-    """The objective of model ``family`` for a run's ``data`` config: the one constructor that
-    training, evaluation and probes share."""
-    return lookup("objective", family, "model.family.name").from_config(data)
+def build_objective(family: str, data: DataConfig,
+                    specials: Specials | None = None) -> Objective:
+    """The objective of model ``family`` for a run's ``data`` config and its tokenizer's
+    ``specials``: the one constructor that training, evaluation and probes share."""
+    objective = lookup("objective", family, "model.family.name").from_config(data)
+    objective.specials = specials or BLOCKLAB_SPECIALS
+    return objective

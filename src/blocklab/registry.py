@@ -55,7 +55,7 @@ AXES: dict[str, Axis] = {
     "attention": Axis("blocklab.model.attention", "ATTENTIONS", "model.attention.name",
                       "model/attention"),
     "objective": Axis("blocklab.objectives", "OBJECTIVES", "model.family.name"),
-    "corpus": Axis("blocklab.data.text", "CORPORA", "data.corpus"),
+    "corpus": Axis("blocklab.data.sources", "CORPORA", "data.corpus"),
     "schedule": Axis("blocklab.train.optim", "SCHEDULES", "schedule.name", "schedule"),
     "logger": Axis("blocklab.train.loggers", "LOGGERS", "logger.name", "logger"),
 }

@@ -1,31 +1,28 @@
-"""Real text (docs/reliability.md, "Bad data"): tokenizers with blocklab's specials at ids 0..6 that round-trip
-any text, documents loaded with bad data counted or named, pieces that cover each document,
-disjoint train/val, a seeded epoch order, and a fingerprint that tracks the data files."""
+"""Real text (docs/reliability.md, "Bad data"): tokenizers with blocklab's specials at ids 0..6
+that round-trip any text, and users' tokenizers with their own special ids; sources read as
+documents (files, globs, directories; text per file / line / paragraph, JSON, Parquet, saved
+datasets) with bad data counted or named."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import random
-import re
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from blocklab.config import ConfigError, DataConfig, DataName, TokenizerConfig, TokenizerName
+from blocklab.config import DataConfig, DataName, TokenizerConfig, TokenizerName
+from blocklab.data.sources import ReadStats, plan, read_documents, resolve_files
 from blocklab.data.synthetic import BOS, EOS, SPECIALS
-from blocklab.data.text import (
-    DataError,
-    TextPieces,
-    build_tokenizer,
-    corpus_files,
-    load_documents,
-    text_data,
+from blocklab.data.tokenizer import (
+    byte_tokenizer,
+    load_user_tokenizer,
+    tokenizer_from_json,
+    train_bpe,
 )
-from blocklab.data.tokenizer import tokenizer_from_json
+from blocklab.errors import DataError
 
-BYTE = TokenizerConfig(name=TokenizerName.byte)
 BPE = TokenizerConfig(name=TokenizerName.bpe, vocab_size=400)
 TEXTS = [
     "plain ASCII, with punctuation: (a+b)*c = d; 'quotes' \"double\"",
@@ -59,6 +56,7 @@ def text_cfg(files: list[Path], **kw) -> DataConfig:
 
 
 def write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, bytes):
         path.write_bytes(data)
     else:
@@ -66,12 +64,11 @@ def write(path: Path, data: str | bytes) -> Path:
     return path
 
 
-@pytest.fixture(autouse=True)
-def _datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep `datasets`' arrow cache of these throwaway corpora out of ~/.cache."""
-    import datasets.config
-
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf_datasets")
+def load_docs(cfg: DataConfig) -> tuple[list[str], ReadStats]:
+    """Every document the sources of ``cfg`` hold, through the same readers preparation uses."""
+    stats = ReadStats()
+    docs = [d for item in plan(cfg, resolve_files(cfg)) for d in read_documents(item, cfg, stats)]
+    return docs, stats
 
 
 # --------------------------------------------------------------------------------- tokenizers
@@ -79,7 +76,7 @@ def _datasets_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module", params=["bpe", "byte"])
 def tok(request):
-    return build_tokenizer(BPE if request.param == "bpe" else BYTE, CORPUS)
+    return train_bpe(BPE, CORPUS) if request.param == "bpe" else byte_tokenizer()
 
 
 def test_specials_have_ids_0_to_6(tok) -> None:
@@ -108,18 +105,18 @@ def test_literal_special_strings_are_plain_text(tok) -> None:
 
 
 def test_byte_tokenizer_is_one_token_per_byte() -> None:
-    tok = build_tokenizer(BYTE, [])
+    tok = byte_tokenizer()
     assert tok.get_vocab_size() == len(SPECIALS) + 256
     for s in TEXTS:
         assert len(tok.encode(s, add_special_tokens=False).ids) == len(s.encode("utf-8"))
 
 
-def test_bpe_learns_merges_within_its_size() -> None:
-    tok = build_tokenizer(BPE, CORPUS)
+def test_bpe_learns_merges_within_its_size_from_a_stream() -> None:
+    tok = train_bpe(BPE, iter(CORPUS))  # a generator: trained as a stream
     assert len(SPECIALS) + 256 < tok.get_vocab_size() <= BPE.vocab_size
     s = CORPUS[0]
     assert len(tok.encode(s, add_special_tokens=False).ids) < len(s.encode()) / 2
-    again = build_tokenizer(BPE, CORPUS)  # resume compares tokenizer hashes: deterministic
+    again = train_bpe(BPE, CORPUS)  # resume compares tokenizer hashes: deterministic
     assert again.to_str() == tok.to_str()
 
 
@@ -134,21 +131,111 @@ def test_tokenizer_json_round_trip(tok) -> None:
     assert loaded.to_str() == tok.to_str()
 
 
-# ----------------------------------------------------------------------------- load_documents
+def foreign_tokenizer(tmp_path: Path, *, declared: dict[str, str] | None = None,
+                      specials: tuple[str, ...] = ("<|endoftext|>",)) -> Path:
+    """A tokenizer not made by blocklab: a BPE whose special tokens sit *after* its merges
+    (GPT-2 style), saved as a Hugging Face tokenizer directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=350, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    t.add_special_tokens(list(specials))
+    d = tmp_path / "hf_tokenizer"
+    d.mkdir(exist_ok=True)
+    t.save(str(d / "tokenizer.json"))
+    if declared is not None:
+        (d / "special_tokens_map.json").write_text(json.dumps(declared))
+    return d
+
+
+def test_a_users_tokenizer_keeps_its_own_special_ids(tmp_path: Path) -> None:
+    d = foreign_tokenizer(tmp_path, declared={"bos_token": "<|endoftext|>",
+                                              "eos_token": "<|endoftext|>",
+                                              "pad_token": {"content": "<|pad|>"}},
+                          specials=("<|endoftext|>", "<|pad|>"))
+    tok, sp, notes = load_user_tokenizer(d)
+    eot, pad = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|pad|>")
+    assert eot >= 300 and (sp.bos, sp.eos, sp.pad) == (eot, eot, pad)  # not blocklab's 0..6
+    # no mask token declared or found: one is added at the end of the vocabulary, and said
+    assert sp.mask == tok.token_to_id("<mask>") == tok.get_vocab_size() - 1
+    assert notes == [f"tokenizer: <mask> added as id {sp.mask} ({d / 'tokenizer.json'} names "
+                     "no mask token)"]
+    s = "literal <|endoftext|> in text"  # a special's text inside a document stays text
+    assert eot not in tok.encode(s, add_special_tokens=False).ids
+    _tok2, sp2, _ = load_user_tokenizer(d / "tokenizer.json")  # the file alone: found by name
+    assert (sp2.bos, sp2.eos) == (eot, eot)
+
+
+def test_a_tokenizer_path_that_is_not_a_tokenizer_is_named(tmp_path: Path) -> None:
+    from blocklab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"tokenizer\.path='.*nothing': no tokenizer\.json"):
+        load_user_tokenizer(tmp_path / "nothing")
+    bad = write(tmp_path / "tokenizer.json", "{not json")
+    with pytest.raises(ConfigError, match="not a tokenizers JSON file"):
+        load_user_tokenizer(bad)
+
+
+# ------------------------------------------------------------------------------------ sources
 
 
 def test_empty_documents_are_dropped_and_counted(tmp_path: Path) -> None:
     files = [write(tmp_path / "a.txt", "first doc\n"), write(tmp_path / "empty.txt", ""),
              write(tmp_path / "blank.txt", "  \n\t \n\n"), write(tmp_path / "b.txt", "second\n")]
-    docs, stats = load_documents(text_cfg(files), files)
+    docs, stats = load_docs(text_cfg(files))
     assert sorted(docs) == ["first doc\n", "second\n"]
     assert (stats.documents, stats.empty_dropped) == (2, 2)
 
 
-def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("split", "expected"), [
+    ("file", ["a\nb\n\nc\n"]), ("line", ["a", "b", "c"]), ("paragraph", ["a\nb", "c\n"])])
+def test_plain_text_documents_per_file_line_or_paragraph(tmp_path: Path, split, expected):
+    f = write(tmp_path / "t.txt", "a\nb\n\nc\n")
+    docs, _ = load_docs(text_cfg([f], documents=split))
+    assert docs == expected
+
+
+def test_big_files_are_read_in_aligned_pieces_that_lose_nothing(tmp_path, monkeypatch):
+    import blocklab.data.sources as sources
+
+    monkeypatch.setattr(sources, "ITEM_BYTES", 4096)
+    rng = random.Random(0)
+    lines = [f"line {i} " + "x" * rng.randint(0, 300) for i in range(400)]
+    f = write(tmp_path / "big.txt", "\n".join(lines) + "\n")
+    cfg = text_cfg([f], documents="line")
+    items = plan(cfg, resolve_files(cfg))
+    assert len(items) > 10 and all(i.stop - i.start <= 4096 + 1024 for i in items)
+    docs, stats = load_docs(cfg)
+    assert docs == lines and stats.bytes == f.stat().st_size  # every line once, in order
+    jl = write(tmp_path / "big.jsonl", "".join(json.dumps({"text": s}) + "\n" for s in lines))
+    jcfg = text_cfg([jl], format="json")
+    assert len(plan(jcfg, [jl])) > 10 and load_docs(jcfg)[0] == lines
+
+
+def test_files_directories_and_globs(tmp_path: Path) -> None:
+    a = write(tmp_path / "corpus" / "a.txt", "alpha\n")
+    b = write(tmp_path / "corpus" / "sub" / "b.txt", "beta\n")
+    write(tmp_path / "corpus" / "notes.bin", b"\x00")  # not a text suffix: skipped in a dir
+    assert resolve_files(text_cfg([tmp_path / "corpus"])) == [a, b]
+    assert resolve_files(text_cfg([str(tmp_path / "corpus" / "**" / "*.txt")])) == [a, b]
+    for entry, words in ((tmp_path / "nope.txt", "no such file or directory"),
+                         (str(tmp_path / "*.md"), "the pattern matches no file")):
+        with pytest.raises(DataError) as e:
+            resolve_files(text_cfg([entry]))
+        assert str(entry) in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(DataError, match="no text files"):
+        resolve_files(text_cfg([tmp_path / "empty_dir"]))
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path: Path) -> None:
     files = [write(tmp_path / "bad.txt", b"ab\xff\xfecd \xc3( ok\n"),
              write(tmp_path / "good.txt", "fine\n")]
-    docs, stats = load_documents(text_cfg(files), files)
+    docs, stats = load_docs(text_cfg(files))
     bad = next(d for d in docs if d.startswith("ab"))
     assert "\ufffd" in bad and bad.endswith("cd \ufffd( ok\n")
     assert stats.documents == 2
@@ -157,246 +244,91 @@ def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
 
 def test_invalid_utf8_in_strict_mode_names_file_and_offset(tmp_path: Path) -> None:
     files = [write(tmp_path / "good.txt", "fine\n"), write(tmp_path / "bad.txt", b"ab\xffcd\n")]
-    with pytest.raises(DataError, match=r"bad.txt: invalid UTF-8 at byte offset 2 \(1 invalid"):
-        load_documents(text_cfg(files, utf8_errors="strict"), files)
+    with pytest.raises(DataError, match=r"bad.txt: invalid UTF-8 at byte offset 2 "):
+        load_docs(text_cfg(files, utf8_errors="strict"))
 
 
 def test_json_records_with_text_key(tmp_path: Path) -> None:
     rows = [{"body": "one", "id": 1}, {"body": "", "id": 2}, {"body": "  ", "id": 3},
-            {"body": "two\nlines", "id": 4}]
+            {"body": "two\nlines", "id": 4}, {"body": None, "id": 6}]
     jl = write(tmp_path / "r.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     arr = write(tmp_path / "r.json", json.dumps([{"body": "three", "id": 5}]))
     cfg = text_cfg([jl, arr], format="json", text_key="body")
-    docs, stats = load_documents(cfg, [jl, arr])
+    docs, stats = load_docs(cfg)
     assert sorted(docs) == ["one", "three", "two\nlines"]
-    assert (stats.documents, stats.empty_dropped) == (3, 2)
+    assert (stats.documents, stats.empty_dropped) == (3, 3)
     with pytest.raises(DataError) as e:
-        load_documents(dataclasses.replace(cfg, text_key="content"), [jl])
+        load_docs(dataclasses.replace(cfg, text_key="content"))
     msg = str(e.value)
     assert "data.text_key" in msg and "'content'" in msg and "\n" not in msg
+    broken = write(tmp_path / "broken.jsonl", '{"body": "ok"}\n{"body": \n')
+    with pytest.raises(DataError, match=r"broken.jsonl: invalid JSON at byte offset 15"):
+        load_docs(text_cfg([broken], format="json", text_key="body"))
 
 
-def test_missing_file_is_named(tmp_path: Path) -> None:
-    good = write(tmp_path / "a.txt", "text\n")
-    missing = tmp_path / "sub" / "missing.txt"
-    with pytest.raises(DataError) as e:
-        corpus_files(text_cfg([good, missing]))
-    assert str(missing) in str(e.value) and "\n" not in str(e.value)
-    assert corpus_files(text_cfg([good])) == [good]
-    with pytest.raises(ConfigError, match=r"data\.files"):
-        corpus_files(text_cfg([]))
-    with pytest.raises(ConfigError, match=r"data\.corpus"):
-        corpus_files(dataclasses.replace(text_cfg([]), corpus="nope"))
-
-
-def test_all_empty_is_an_error(tmp_path: Path) -> None:
-    files = [write(tmp_path / "e1.txt", ""), write(tmp_path / "e2.txt", " \n ")]
-    with pytest.raises(DataError, match="empty"):
-        load_documents(text_cfg(files), files)
-
-
-# --------------------------------------------------------------------------------- TextPieces
-
-# Byte tokenizer + ASCII: a document of n characters is exactly BOS + n ids + EOS.
-DOC_LENGTHS = [*range(1, 30), 34, 43, 52, 80]  # seq_len 8: width 9; includes len % 9 == 1
-
-
-def ascii_docs(lengths=DOC_LENGTHS) -> list[str]:
-    rng = random.Random(1)
-    letters = "abcdefghijklmnopqrstuvwxyz .,;\n"
-    return [f"{i:03d}" + "".join(rng.choice(letters) for _ in range(n))
-            for i, n in enumerate(lengths)]
-
-
-def pieces_for(docs: list[str], tok=None, **kw) -> tuple[TextPieces, DataConfig]:
-    from blocklab.data.text import Stats
-
-    cfg = text_cfg([], **kw)
-    tok = tok or build_tokenizer(BYTE, docs)
-    return TextPieces(cfg, tok, docs, Stats(documents=len(docs))), cfg
-
-
-def full_ids(tok, doc: str) -> list[int]:
-    return [BOS, *tok.encode(doc, add_special_tokens=False).ids, EOS]
-
-
-@pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
-def test_split_pieces_cover_each_document(tokenizer: str) -> None:
-    docs = ascii_docs()
-    tok = build_tokenizer(BYTE if tokenizer == "byte" else BPE, docs)
-    tp, cfg = pieces_for(docs, tok)
-    width = cfg.seq_len + 1
-    pieces = tp.train + tp.val
-    assert len(pieces) == tp.stats.pieces
-    assert all(2 <= len(p) <= width for p in pieces)
-    assert not any(BOS in p[1:] for p in pieces) and not any(EOS in p[:-1] for p in pieces)
-    assert sum(p[0] == BOS for p in pieces) == len(docs)  # one first piece per document
-    expected: Counter = Counter()
-    long_docs = 0
-    for doc in docs:
-        ids = full_ids(tok, doc)
-        long_docs += len(ids) > width
-        chunks = [ids[i:i + width] for i in range(0, len(ids), width)]
-        assert [t for c in chunks for t in c] == ids and chunks[0][0] == BOS
-        if len(chunks[-1]) == 1:  # a lone trailing token has no target: dropped
-            chunks.pop()
-        expected.update(tuple(c) for c in chunks)
-    assert Counter(tuple(p) for p in pieces) == expected
-    assert tp.stats.split_documents == long_docs > 0 and tp.stats.truncated_documents == 0
-    assert tp.stats.tokens == sum(len(full_ids(tok, d)) for d in docs)
-
-
-def test_truncate_keeps_the_first_piece_and_counts() -> None:
-    docs = ascii_docs()
-    tp, cfg = pieces_for(docs, long_documents="truncate")
-    tok = build_tokenizer(BYTE, docs)
-    width = cfg.seq_len + 1
-    pieces = tp.train + tp.val
-    assert sorted(map(tuple, pieces)) == sorted(tuple(full_ids(tok, d)[:width]) for d in docs)
-    long_docs = sum(len(full_ids(tok, d)) > width for d in docs)
-    assert tp.stats.truncated_documents == long_docs > 0 and tp.stats.split_documents == 0
-
-
-def test_train_and_val_are_disjoint() -> None:
-    docs = ascii_docs(list(range(10, 200, 3)))
-    tp, _ = pieces_for(docs, val_fraction=0.2)
-    train, val = {tuple(p) for p in tp.train}, {tuple(p) for p in tp.val}
-    assert len(train) == len(tp.train) and len(val) == len(tp.val)  # all pieces are distinct
-    assert not train & val
-    assert len(train) + len(val) == tp.stats.pieces
-    assert 0.1 < len(val) / tp.stats.pieces < 0.3
-    tp0, _ = pieces_for(docs, val_fraction=0.0)
-    assert len(tp0.val) >= 1  # validation never empty
-
-
-def test_epoch_order_is_seeded_and_covers_every_piece() -> None:
-    docs = ascii_docs(list(range(10, 120, 2)))
-    tp, _ = pieces_for(docs)
-    n = len(tp.train)
-    train = sorted(tuple(p) for p in tp.train)
-    epochs = [[tuple(tp.train_example(e * n + i).tokens) for i in range(n)] for e in (0, 1)]
-    for seen in epochs:
-        assert sorted(seen) == train  # every train piece once per epoch
-    assert epochs[0] != epochs[1] and epochs[0] != [tuple(p) for p in tp.train]
-    again, _ = pieces_for(docs)
-    assert [tuple(again.train_example(i).tokens) for i in range(2 * n)] == epochs[0] + epochs[1]
-    # random access across epochs (resume, workers) sees the same stream
-    idx = list(range(2 * n))
-    random.Random(3).shuffle(idx)
-    flat = epochs[0] + epochs[1]
-    assert all(tuple(tp.train_example(i).tokens) == flat[i] for i in idx)
-    ex = tp.train_example(0)
-    assert ex.targets == [False] + [True] * (len(ex.tokens) - 1)
-    assert tuple(tp.val_example(0).tokens) in {tuple(p) for p in tp.val}
-
-
-def test_fewer_pieces_than_a_batch_is_an_error_with_sizes() -> None:
-    docs = ascii_docs([5, 6, 7, 8])  # 4 documents, one piece each (+1 val)
-    with pytest.raises(DataError) as e:
-        pieces_for(docs, batch_size=64)
-    msg = str(e.value)
-    assert "batch_size=64" in msg and "\n" not in msg
-    assert any(0 < int(n) < 64 for n in re.findall(r"\d+", msg)), msg  # the number of pieces
-
-
-def test_a_single_piece_corpus_fails_at_load_not_at_validation() -> None:
-    """One piece cannot be both a training batch and a validation set."""
-    docs = ascii_docs([3])
-    with pytest.raises(DataError, match="validation"):
-        pieces_for(docs, batch_size=1)  # not a ZeroDivisionError at the first validation
-
-
-# ---------------------------------------------------------------------------- text_data
-
-
-def test_text_data_fingerprint_tracks_files_and_spec(tmp_path: Path) -> None:
-    files = [write(tmp_path / f"d{i}.txt", d) for i, d in enumerate(ascii_docs(
-        list(range(20, 60, 4))))]
-    cfg = text_cfg(files)
-    _, _, tok_json, fp, stats = text_data(cfg, BYTE)
-    assert stats.documents == len(files) and stats.pieces > 0
-    assert text_data(cfg, BYTE)[3] == fp
-    assert text_data(dataclasses.replace(cfg, batch_size=3), BYTE)[3] == fp
-    assert text_data(dataclasses.replace(cfg, seq_len=16), BYTE)[3] != fp
-    assert tokenizer_from_json(tok_json).token_to_id("<mask>") == 6
-    original = files[3].read_text()
-    write(files[3], original.replace("3", "X", 1))
-    changed = text_data(cfg, BYTE)
-    assert changed[3] != fp, "a changed data file must change the fingerprint"
-    docs, _ = load_documents(cfg, files)
-    assert any(d.startswith("00X") for d in docs), "stale documents after a file change"
-    write(files[3], original)
-    assert text_data(cfg, BYTE)[3] == fp
-
-
-@pytest.mark.slow
-def test_text_data_on_shakespeare(monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = DataConfig(name=DataName.text, corpus="shakespeare", seq_len=128, batch_size=8)
-    tcfg = TokenizerConfig(name=TokenizerName.bpe, vocab_size=512)
-    train, val, tok_json, fp, stats = text_data(cfg, tcfg)
-    assert stats.documents == 42 and stats.empty_dropped == 0
-    assert stats.pieces > 1000 and stats.split_documents == 42
-    tok = tokenizer_from_json(tok_json)
-    assert tok.get_vocab_size() <= 512 and tok.token_to_id("<bos>") == BOS
-    ex = train(0)
-    assert 2 <= len(ex.tokens) <= 129 and max(ex.tokens) < tok.get_vocab_size()
-    assert len(val(0).tokens) <= 129
-    # Second call: the same files, spec and tokenizer; cutting into pieces (the slow part,
-    # covered above and by the small-corpus tests) is skipped.
-    import blocklab.data.text as text
-
-    class NoPieces:
-        def __init__(self, cfg, tok, docs, stats) -> None:
-            self.train_example = self.val_example = None
-
-    monkeypatch.setattr(text, "TextPieces", NoPieces)
-    _, _, tok_json2, fp2, stats2 = text_data(cfg, tcfg)
-    assert fp2 == fp and stats2.documents == 42
-    assert tok_json2 == tok_json  # the tokenizer hash checked on resume is stable
-
-
-def test_an_empty_or_whitespace_only_file_is_named(tmp_path: Path) -> None:
-    f = tmp_path / "blank.txt"
-    f.write_text("   \n\t\n  ")
+@pytest.mark.parametrize("values", [[0, 1, 2, 3], [0.5, 1.5], [True, False], [["a"], ["b"]]])
+def test_a_text_column_holding_numbers_is_refused(tmp_path: Path, values) -> None:
+    f = write(tmp_path / "numbers.jsonl",
+              "".join(json.dumps({"text": v, "body": "words"}) + "\n" for v in values))
+    cfg = text_cfg([f], format="json")
     with pytest.raises(DataError) as err:
-        load_documents(DataConfig(name=DataName.text, files=[str(f)]), [f])
-    msg = str(err.value)
-    assert "\n" not in msg and str(f) in msg and "empty or whitespace only" in msg
-
-
-def test_a_binary_file_is_called_out_by_name(tmp_path: Path, capsys) -> None:
-    f = tmp_path / "image.bin"
-    f.write_bytes(bytes(range(128, 256)) * 64)  # no valid UTF-8 at all
-    _, stats = load_documents(DataConfig(name=DataName.text, files=[str(f)]), [f])
-    assert stats.invalid_utf8 == 128 * 64
-    warning = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("warning:")]
-    assert len(warning) == 1 and str(f) in warning[0] and "is it a text file?" in warning[0]
-    good = tmp_path / "good.txt"
-    good.write_bytes(b"fine text " * 500 + b"\xff")  # one stray byte: counted, not called out
-    load_documents(DataConfig(name=DataName.text, files=[str(good)]), [good])
-    assert "warning" not in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("values", [[0, 1, 2, 3], [0.5, 1.5], [True, False]])
-def test_a_json_text_column_holding_numbers_is_refused(tmp_path: Path, values) -> None:
-    f = tmp_path / "numbers.jsonl"
-    f.write_text("".join(json.dumps({"text": v, "body": "words"}) + "\n" for v in values))
-    cfg = DataConfig(name=DataName.text, format="json", files=[str(f)])
-    with pytest.raises(DataError) as err:
-        load_documents(cfg, [f])
+        load_docs(cfg)
     msg = str(err.value)
     assert "\n" not in msg and "data.text_key='text'" in msg and "not text" in msg
     assert str(f) in msg
-    docs, _ = load_documents(dataclasses.replace(cfg, text_key="body"), [f])
-    assert docs == ["words"] * len(values)
+    assert load_docs(dataclasses.replace(cfg, text_key="body"))[0] == ["words"] * len(values)
 
 
-def test_bpe_training_on_a_large_corpus_says_what_it_does(monkeypatch, capsys) -> None:
-    import blocklab.data.text as text
+def test_parquet_and_saved_datasets(tmp_path: Path) -> None:
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    monkeypatch.setattr(text, "PROGRESS_CHARS", 1000)
-    build_tokenizer(BPE, ["x" * 600, "y" * 600])
-    assert "tokenizer: training a byte-level BPE (vocab 400) on 0.0M characters" in \
-        capsys.readouterr().err
-    build_tokenizer(BPE, ["small"])
-    assert "tokenizer:" not in capsys.readouterr().err
+    texts = [f"row {i}" for i in range(50)]
+    table = pa.table({"text": texts, "n": list(range(50))})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=16)
+    cfg = text_cfg([tmp_path / "t.parquet"], format="parquet")
+    assert len(plan(cfg, resolve_files(cfg))) == 4  # one item per row group
+    assert load_docs(cfg)[0] == texts
+    with pytest.raises(DataError, match=r"data.text_key='n': the column holds int64 values"):
+        load_docs(dataclasses.replace(cfg, text_key="n"))
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "saved"))
+    disk = text_cfg([tmp_path / "saved"], format="disk")
+    assert load_docs(disk)[0] == texts
+    with pytest.raises(DataError, match="not a dataset saved with save_to_disk"):
+        load_docs(text_cfg([tmp_path / "t.parquet"], format="disk"))
+
+
+def test_all_empty_is_an_error_naming_the_files(tmp_path: Path) -> None:
+    from blocklab.data.prepare import prepare
+
+    files = [write(tmp_path / "e1.txt", ""), write(tmp_path / "e2.txt", " \n ")]
+    with pytest.raises(DataError) as e:
+        prepare(text_cfg(files, cache_dir=str(tmp_path / "cache")),
+                TokenizerConfig(name=TokenizerName.byte))
+    msg = str(e.value)
+    assert "empty or whitespace only" in msg and str(files[0]) in msg and "\n" not in msg
+
+
+def test_a_binary_file_is_called_out_by_name(tmp_path: Path) -> None:
+    from blocklab.data.prepare import prepare
+
+    bin_file = write(tmp_path / "image.bin", bytes(range(128, 256)) * 64)  # no valid UTF-8
+    good = write(tmp_path / "good.txt", b"fine text " * 500 + b"\xff")  # one stray byte
+    said: list[str] = []
+    p = prepare(text_cfg([bin_file, good], cache_dir=str(tmp_path / "cache")),
+                TokenizerConfig(name=TokenizerName.byte), log=said.append)
+    assert p.meta["invalid_utf8"] == 128 * 64 + 1
+    warnings = [s for s in said if s.startswith("warning:")]
+    assert len(warnings) == 1 and str(bin_file) in warnings[0]
+    assert "is it a text file?" in warnings[0]
+
+
+def test_a_hub_dataset_that_cannot_be_streamed_is_named(monkeypatch) -> None:
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    cfg = DataConfig(name=DataName.text, hub_dataset="nobody/no-such-dataset-anywhere")
+    with pytest.raises(DataError) as e:
+        load_docs(cfg)
+    msg = str(e.value)
+    assert msg.startswith("data error: data.hub_dataset='nobody/no-such-dataset-anywhere': "
+                          "cannot stream it (") and "\n" not in msg

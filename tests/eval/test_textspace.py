@@ -18,7 +18,7 @@ from blocklab.config import (
     TokenizerName,
 )
 from blocklab.data.synthetic import BOS
-from blocklab.data.text import build_tokenizer
+from blocklab.data.tokenizer import train_bpe
 from blocklab.eval.backends import BlocklabBackend
 from blocklab.eval.probes import run_spec
 from blocklab.eval.textspace import ESSAY, TextBuilder, TextTokenizer
@@ -28,7 +28,7 @@ from blocklab.model import build_model
 @pytest.fixture(scope="module")
 def tok():
     docs = [ESSAY] * 4 + ["The special magic number for Alice is 12345. What is the value?"] * 4
-    raw = build_tokenizer(TokenizerConfig(name=TokenizerName.bpe, vocab_size=600), docs)
+    raw = train_bpe(TokenizerConfig(name=TokenizerName.bpe, vocab_size=600), docs)
     return TextTokenizer.from_tokenizers(raw, bos=BOS, name="bpe")
 
 

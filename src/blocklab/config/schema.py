@@ -25,7 +25,9 @@ class RopeScaling(enum.Enum):
 
 # Choices that are strings in the schema (Lightning's names, file formats, ...): the validators
 # below check them; each tuple is the one list of what blocklab supports.
-DATA_FORMATS = ("text", "json", "parquet")  # datasets.load_dataset builders for data.files
+DATA_FORMATS = ("text", "json", "parquet", "disk")  # readers of data.files (disk: save_to_disk)
+DOCUMENT_SPLITS = ("file", "line", "paragraph")  # plain text: what one document is
+SOURCE_FINGERPRINTS = ("stat", "content")
 LONG_DOCUMENTS = ("split", "truncate")
 UTF8_ERRORS = ("replace", "strict")
 OPTIMIZERS = ("adamw",)
@@ -165,7 +167,10 @@ class TokenizerName(enum.Enum):
 class TokenizerConfig:
     name: TokenizerName = TokenizerName.synthetic
     vocab_size: int = 4096  # bpe: target size including specials
-    path: str | None = None  # file: path to tokenizer.json
+    # file: a tokenizer.json, or a Hugging Face tokenizer directory (tokenizer.json plus
+    # special_tokens_map.json / tokenizer_config.json naming its special tokens)
+    path: str | None = None
+    sample_bytes: int = 64_000_000  # bpe: trained on at most this much text (a seeded sample)
 
 
 @dataclass
@@ -199,11 +204,17 @@ class DataConfig:
     tasks: TaskWeights = field(default_factory=TaskWeights)  # mixture weights by task
     n_distractors: list[int] = field(default_factory=lambda: [1, 3])  # inclusive range
     fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
-    # text
+    # text: sources (prepared once into memory-mapped token shards, data/prepare.py)
     corpus: str | None = None  # built-in corpus name (e.g. shakespeare)
-    files: list[str] = field(default_factory=list)  # local text/json/jsonl/parquet files
-    format: str = "text"  # text | json | parquet (datasets.load_dataset builder)
-    text_key: str = "text"
+    files: list[str] = field(default_factory=list)  # files, directories or glob patterns
+    format: str = "text"  # text | json (JSON lines or a JSON array) | parquet | disk
+    text_key: str = "text"  # json / parquet / disk: the text column
+    documents: str = "file"  # text format: one document per file | line | paragraph
+    hub_dataset: str | None = None  # a Hugging Face hub dataset name (streamed; needs network)
+    hub_split: str = "train"
+    cache_dir: str | None = None  # prepared corpora (null: $BLOCKLAB_DATA_CACHE or outputs/.cache/data)
+    num_proc: int | None = None  # preparation processes (null: every core, at most 8)
+    fingerprint: str = "stat"  # sources identified by name+size+mtime (stat) or content hash
     val_fraction: float = 0.02
     long_documents: str = "split"  # split | truncate
     utf8_errors: str = "replace"  # replace (and count) | strict (fail naming file and offset)

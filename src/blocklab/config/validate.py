@@ -10,11 +10,13 @@ from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     ACCELERATORS,
     DATA_FORMATS,
+    DOCUMENT_SPLITS,
     FILLERS,
     LONG_DOCUMENTS,
     MARKOV_MIN_FILLER,
     OPTIMIZERS,
     PRECISIONS,
+    SOURCE_FINGERPRINTS,
     STRATEGIES,
     UTF8_ERRORS,
     WANDB_MODES,
@@ -191,7 +193,7 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
     _check(_finite(d.mlm_probability) and 0 < d.mlm_probability <= 1,
            f"{key}.mlm_probability", d.mlm_probability, "must be in (0, 1]")
     _one_of(f"{key}.format", d.format, DATA_FORMATS,
-            "the loader of data.files; convert other formats to JSON lines or parquet")
+            "the reader of data.files; convert other formats to JSON lines or parquet")
     _one_of(f"{key}.long_documents", d.long_documents, LONG_DOCUMENTS)
     _one_of(f"{key}.utf8_errors", d.utf8_errors, UTF8_ERRORS)
     synthetic_tok = _name(tok.name) == TokenizerName.synthetic.value
@@ -208,8 +210,15 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
 
             registry.lookup("corpus", d.corpus, f"{key}.corpus")
         else:
-            _check(bool(d.files), f"{key}.files", list(d.files),
-                   "text data needs data.corpus or data.files")
+            _check(bool(d.files) or bool(d.hub_dataset), f"{key}.files", list(d.files),
+                   "text data needs data.corpus, data.files or data.hub_dataset")
+        _check(d.format != "disk" or d.corpus or len(d.files) == 1, f"{key}.files",
+               list(d.files), "format=disk reads one dataset directory (saved with "
+               "datasets' save_to_disk)")
+        _one_of(f"{key}.documents", d.documents, DOCUMENT_SPLITS)
+        _one_of(f"{key}.fingerprint", d.fingerprint, SOURCE_FINGERPRINTS)
+        _check(d.num_proc is None or d.num_proc >= 1, f"{key}.num_proc", d.num_proc,
+               "must be null (every core) or >= 1")
         _check(d.format == "text" or bool(d.text_key), f"{key}.text_key", d.text_key,
                f"{d.format} records need the name of their text column")
     if _name(tok.name) == TokenizerName.file.value:
@@ -217,6 +226,7 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
                "tokenizer.json")
     if _name(tok.name) == TokenizerName.bpe.value:
         _check(tok.vocab_size >= 1, "tokenizer.vocab_size", tok.vocab_size, "must be >= 1")
+        _check(tok.sample_bytes >= 1, "tokenizer.sample_bytes", tok.sample_bytes, "must be >= 1")
     return d
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from blocklab.config import ConfigError, DataConfig, DataName, TokenizerConfig, TokenizerName
 from blocklab.data.synthetic import Example
+from blocklab.data.tokenizer import BLOCKLAB_SPECIALS, Specials
+from blocklab.provenance import digest
 
 ExampleFn = Callable[[int, "int | None"], Example]
 
@@ -28,6 +30,7 @@ class Streams:
     vocab_size: int
     fingerprint: str  # same fingerprint, same examples
     description: str | None = None  # what loading found (text data: documents, tokens, ...)
+    specials: Specials = BLOCKLAB_SPECIALS  # the tokenizer's pad / bos / eos / mask ids
 
 
 def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
@@ -46,15 +49,24 @@ def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
 
 
 def _text(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
-    from tokenizers import Tokenizer
+    """A prepared corpus (built on first use, reused after: data/prepare.py), read by memory
+    map as document-aligned pieces or packed windows (data/shards.py)."""
+    from blocklab.data.prepare import prepare
+    from blocklab.data.shards import Pieces, TokenCorpus, Windows
 
-    from blocklab.data.text import text_data
-
-    train, val, tok_json, fingerprint, stats = text_data(data, tokenizer)
-    described = (f"{stats.documents} documents ({stats.empty_dropped} empty dropped, "
-                 f"{stats.split_documents} split, {stats.truncated_documents} truncated, "
-                 f"{stats.invalid_utf8} invalid UTF-8 sequences replaced), "
-                 f"{stats.tokens:,} tokens in {stats.pieces} pieces")
-    return Streams(train=train, val=val, tokenizer=tok_json,
-                   vocab_size=Tokenizer.from_str(tok_json).get_vocab_size(),
-                   fingerprint=fingerprint, description=described)
+    prepared = prepare(data, tokenizer)
+    corpus = TokenCorpus(prepared.path)
+    stream = Windows(corpus, data) if data.packing else Pieces(corpus, data)
+    m = prepared.meta
+    reading = {k: getattr(data, k) for k in ("seed", "seq_len", "val_fraction", "long_documents",
+                                             "packing")}
+    described = (f"{m['documents']:,} documents ({m['empty_dropped']} empty dropped, "
+                 f"{getattr(stream, 'split_documents', 0)} split, "
+                 f"{getattr(stream, 'truncated_documents', 0)} truncated, {m['invalid_utf8']} "
+                 f"invalid UTF-8 sequences replaced), {m['tokens']:,} tokens in "
+                 f"{stream.pieces:,} {'windows' if data.packing else 'pieces'} "
+                 f"(prepared corpus {prepared.path})")
+    return Streams(train=stream.train_example, val=stream.val_example,
+                   tokenizer=prepared.tokenizer_json, vocab_size=int(m["vocab_size"]),
+                   fingerprint=digest({"corpus": prepared.fingerprint, **reading}),
+                   description=described, specials=prepared.specials)

@@ -64,11 +64,13 @@ class Vocab:
 class Example:
     """One sequence. ``targets[i]`` is True where token ``i`` is a supervised answer token (to be
     predicted from tokens ``< i``). ``meta`` records what probes report (task, gold index,
-    actual token depth of the gold needle, distractors, ...)."""
+    actual token depth of the gold needle, distractors, ...). ``segments`` (optional) marks the
+    documents inside one sequence (a packed window of a text corpus)."""
 
     tokens: list[int]
     targets: list[bool]
     meta: dict[str, Any] = field(default_factory=dict)
+    segments: list[int] | None = None
 
     @property
     def answer_start(self) -> int:

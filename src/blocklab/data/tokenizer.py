@@ -1,12 +1,56 @@
-"""Tokenizers saved with every run: the synthetic task vocabulary, or a HF ``tokenizers`` model
-(byte-level BPE trained on the corpus, raw bytes, or a given tokenizer.json)."""
+"""Tokenizers saved with every run, and the special ids every part of blocklab uses.
+
+Three kinds: the synthetic task vocabulary, a tokenizer blocklab builds (a byte-level BPE
+trained on a sample of the corpus, or raw bytes: its specials sit at ids 0..6 like the
+synthetic vocabulary's), and a tokenizer the user already has (``tokenizer=file``: a
+``tokenizer.json``, or a Hugging Face tokenizer directory). A user's tokenizer keeps its *own*
+special ids: :class:`Specials` says which ids pad, begin and end documents and mask, read from
+the directory's ``special_tokens_map.json`` / ``tokenizer_config.json`` or found by their usual
+names; one that is missing is added at the end of the vocabulary, and reported. The specials
+travel with the tokenizer into collators, objectives, probes and checkpoints.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from blocklab.data.synthetic import Vocab
+from blocklab.config import ConfigError, TokenizerConfig
+from blocklab.data.synthetic import BOS, EOS, MASK, PAD, SPECIALS, Vocab
+
+
+@dataclass(frozen=True)
+class Specials:
+    """The ids of the special tokens a run uses (``mask`` only matters for encoders)."""
+
+    pad: int = PAD
+    bos: int = BOS
+    eos: int = EOS
+    mask: int | None = MASK
+
+    def to_dict(self) -> dict[str, int | None]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> Specials:
+        """From a checkpoint's metadata; older checkpoints (none stored) used blocklab's ids."""
+        return cls(**d) if d else cls()
+
+
+#: blocklab's own vocabularies (synthetic, bpe, byte): specials at ids 0..6.
+BLOCKLAB_SPECIALS = Specials()
+
+# Usual names of each special in tokenizers people already have, most specific first.
+_NAMES = {
+    "pad": ("<pad>", "[PAD]", "<|pad|>", "<|padding|>", "<|finetune_right_pad_id|>"),
+    "bos": ("<bos>", "<s>", "[CLS]", "<|begin_of_text|>", "<|endoftext|>"),
+    "eos": ("<eos>", "</s>", "[SEP]", "<|end_of_text|>", "<|endoftext|>", "<|eot_id|>"),
+    "mask": ("<mask>", "[MASK]", "<|mask|>"),
+}
+_ADDED = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "mask": "<mask>"}
 
 
 def tokenizer_from_json(text: str) -> Any:
@@ -18,5 +62,106 @@ def tokenizer_from_json(text: str) -> Any:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_str(text)
-    tok.encode_special_tokens = True  # not serialized; see data/text.py build_tokenizer
+    tok.encode_special_tokens = True  # not serialized: text naming a special stays text
     return tok
+
+
+def byte_tokenizer() -> Any:
+    """Raw UTF-8 bytes (byte-level alphabet) after blocklab's specials."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {s: i for i, s in enumerate(SPECIALS)}
+    vocab.update({ch: len(SPECIALS) + i for i, ch in enumerate(sorted(_alphabet()))})
+    return _byte_level(Tokenizer(models.BPE(vocab=vocab, merges=[])), add_specials=True)
+
+
+def train_bpe(cfg: TokenizerConfig, documents: Iterable[str], *, progress: bool = False) -> Any:
+    """A byte-level BPE of ``cfg.vocab_size`` (blocklab's specials included) trained on the
+    given documents, consumed as a stream."""
+    from tokenizers import Tokenizer, models, trainers
+
+    tok = _byte_level(Tokenizer(models.BPE()), add_specials=False)
+    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, special_tokens=list(SPECIALS),
+                                  initial_alphabet=_alphabet(), show_progress=progress)
+    tok.train_from_iterator(_batches(documents), trainer=trainer)
+    tok.encode_special_tokens = True
+    return tok
+
+
+def load_user_tokenizer(path: str | Path) -> tuple[Any, Specials, list[str]]:
+    """``tokenizer=file``: (tokenizer, its special ids, notes on specials that were added)."""
+    from tokenizers import Tokenizer
+
+    p = Path(path)
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.is_file():
+        raise ConfigError(f"config error: tokenizer.path={str(path)!r}: no tokenizer.json there")
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception for malformed files
+        raise ConfigError(f"config error: tokenizer.path={str(path)!r}: not a tokenizers JSON "
+                          f"file ({str(e).splitlines()[0]})") from None
+    named = _declared_specials(file.parent) if p.is_dir() else {}
+    found: dict[str, int | None] = {}
+    for role, names in _NAMES.items():
+        candidates = ([named[role]] if named.get(role) else []) + list(names)
+        found[role] = next((tok.token_to_id(n) for n in candidates
+                            if tok.token_to_id(n) is not None), None)
+    missing = [role for role, i in found.items() if i is None]
+    notes = []
+    if missing:
+        tok.add_special_tokens([_ADDED[r] for r in missing])
+        for role in missing:
+            found[role] = tok.token_to_id(_ADDED[role])
+        notes.append("tokenizer: " + ", ".join(f"{_ADDED[r]} added as id {found[r]}"
+                                               for r in missing)
+                     + f" ({file} names no {'/'.join(missing)} token)")
+    tok.encode_special_tokens = True
+    return tok, Specials(**found), notes
+
+
+def _declared_specials(directory: Path) -> dict[str, str]:
+    """Special-token strings a Hugging Face tokenizer directory declares."""
+    out: dict[str, str] = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        f = directory / name
+        try:
+            data = json.loads(f.read_text()) if f.is_file() else {}
+        except (OSError, ValueError):
+            continue
+        for role in _NAMES:
+            value = data.get(f"{role}_token")
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str) and role not in out:
+                out[role] = value
+    return out
+
+
+def _alphabet() -> list[str]:
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.ByteLevel.alphabet()
+
+
+def _byte_level(tok: Any, *, add_specials: bool) -> Any:
+    from tokenizers import decoders, pre_tokenizers
+
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    if add_specials:
+        tok.add_special_tokens(list(SPECIALS))
+    tok.encode_special_tokens = True
+    return tok
+
+
+def _batches(documents: Iterable[str], size: int = 256) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for d in documents:
+        batch.append(d)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+

@@ -37,7 +37,7 @@ def validation_loss(path: str | Path, *, batches: int | None = None,
     model, _, meta = ckpt.load_model(path)
     tc = stored_train_config(meta)
     streams = build_streams(tc.data, tc.tokenizer)
-    objective = build_objective(tc.model.family.name, tc.data)
+    objective = build_objective(tc.model.family.name, tc.data, streams.specials)
     source = ExampleSource(streams.val)
     total, count = 0.0, 0
     for batch_keys in ResumableBatches(batch_size or tc.data.batch_size,
@@ -103,10 +103,11 @@ def probe_keys(meta: dict[str, Any], spec, *, step: int, checkpoint: str | None)
             "spec_hash": spec_hash(spec)}
 
 
-def probe_builder(spec, tc: TrainConfig, tokenizer_json: str):
+def probe_builder(spec, tc: TrainConfig, tokenizer_json: str, specials=None):
     """(builder, decode) for a blocklab run: token space for the synthetic vocabulary, text
-    space for a real tokenizer (``spec.space`` may force either)."""
-    from blocklab.data.tokenizer import tokenizer_from_json
+    space for a real tokenizer (``spec.space`` may force either; the text builder begins
+    every prompt with the tokenizer's own BOS)."""
+    from blocklab.data.tokenizer import BLOCKLAB_SPECIALS, tokenizer_from_json
     from blocklab.eval.items import TokenBuilder
     from blocklab.eval.textspace import TextBuilder, TextTokenizer
 
@@ -123,23 +124,24 @@ def probe_builder(spec, tc: TrainConfig, tokenizer_json: str):
     if synthetic:
         raise ConfigError("config error: probes.space='text': this run's tokenizer is the "
                           "synthetic vocabulary; use probes.space=token (or auto)")
-    from blocklab.data.synthetic import BOS
-
-    text_tok = TextTokenizer.from_tokenizers(tok, bos=BOS, name=tc.tokenizer.name.value)
+    bos = (specials or BLOCKLAB_SPECIALS).bos
+    text_tok = TextTokenizer.from_tokenizers(tok, bos=bos, name=tc.tokenizer.name.value)
     return TextBuilder(text_tok, spec), text_tok.decode
 
 
 def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], spec, *,
                 step: int, checkpoint: str | None, out_dir: Path | None, log=None, plots=True):
     """Run ``spec`` on an in-memory blocklab model (the callback and blocklab-eval share it)."""
+    from blocklab.data.tokenizer import Specials
     from blocklab.eval.backends import BlocklabBackend
     from blocklab.eval.probes import run_spec
     from blocklab.objectives import build_objective
 
-    builder, decode = probe_builder(spec, tc, meta["tokenizer"])
+    specials = Specials.from_dict(meta.get("specials"))
+    builder, decode = probe_builder(spec, tc, meta["tokenizer"], specials)
     # Probe items are scored one per row (never packed), in the run's own batch format.
     objective = build_objective(tc.model.family.name,
-                                dataclasses.replace(tc.data, packing=False))
+                                dataclasses.replace(tc.data, packing=False), specials)
     keys = probe_keys(meta, spec, step=step, checkpoint=checkpoint)
     was_training = model.training
     model.eval()

@@ -113,7 +113,7 @@ def haystack_sentences(source: str) -> list[str]:
     if source == "essay":
         text = ESSAY
     elif source == "shakespeare":
-        from blocklab.data.text import CORPORA
+        from blocklab.data.sources import CORPORA
 
         text = "\n".join(Path(f).read_text(encoding="utf-8", errors="replace")
                          for f in CORPORA["shakespeare"]()[:3])

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from blocklab.config import TrainConfig
+from blocklab.data.tokenizer import Specials
 from blocklab.model import build_model
 from blocklab.objectives import build_objective
 from blocklab.registry import lookup
@@ -41,7 +42,8 @@ class LitModel(L.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.model = build_model(cfg.model)
-        self.objective = build_objective(cfg.model.family.name, cfg.data)
+        self.objective = build_objective(cfg.model.family.name, cfg.data,
+                                         Specials.from_dict((meta or {}).get("specials")))
         self.meta = meta or {}  # run metadata saved with every checkpoint
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.batches_seen = 0

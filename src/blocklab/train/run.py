@@ -144,6 +144,7 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_fro
         "config_yaml": OmegaConf.to_yaml(OmegaConf.create(plain)), "overrides": overrides or [],
         "arch_hash": arch_hash(model_to_dict(tc.model)), "tokenizer": streams.tokenizer,
         "tokenizer_hash": tok_hash, "data_fingerprint": streams.fingerprint,
+        "specials": streams.specials.to_dict(),
         "versions": versions(), "git": git_info(), "run_dir": str(run_dir),
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "params": count_params(tc.model), "config_hash": config_hash(plain),

@@ -1,0 +1,416 @@
+"""Prepare once, train many times: text sources -> memory-mapped token shards on disk.
+
+A prepared corpus is a directory ``<cache>/<fingerprint>/`` holding, per work item of the
+sources (data/sources.py), ``tokens-NNNNN.bin`` — the documents' token ids, each document
+``bos ids eos``, as one flat array of the smallest unsigned dtype that fits the vocabulary
+(``numpy.memmap``-able) — and ``docs-NNNNN.npy`` (the documents' lengths), plus
+``tokenizer.json``, ``meta.json`` (counts, dtype, specials, what was prepared from what) and
+``manifest.json`` (sha256 and size of every file, written last).
+
+Why flat arrays and not a ``datasets`` Arrow cache: training reads random windows across
+document boundaries, which is a slice of one flat array (as nanoGPT's and OLMo's prepared token
+files); the documents' lengths give the boundaries. numpy's memmap reads them lazily, so a
+training run's memory does not grow with the corpus. Reading the sources, by contrast, uses the
+ecosystem's readers (``datasets``/``pyarrow`` for Parquet, saved and hub datasets).
+
+- **Keyed by a fingerprint** of the sources (each file's name, size and modification time —
+  ``data.fingerprint=stat``, like make and rsync — or its content hash, ``content``), the
+  tokenizer and every data field that changes tokens. A second run with the same fingerprint
+  reuses the shards without reading the text again.
+- **Streaming and parallel:** work items are bounded in size; ``data.num_proc`` worker
+  processes (every core, at most 8, by default) tokenize them with the tokenizer's
+  ``encode_batch`` and write shards as they go. Progress shows MB/s and tokens/s.
+- **Atomic and safe to share:** everything is written into a temporary sibling and renamed
+  into place after the manifest; a killed preparation leaves nothing a later run would use.
+  Processes preparing the same fingerprint at once (DDP ranks, parallel sweep jobs) take turns
+  on a file lock: one prepares, the others then reuse it. Before a run uses a prepared corpus,
+  the manifest is checked (sizes and sha256): a changed shard is set aside and rebuilt.
+- **The BPE tokenizer** is trained on a seeded sample of at most ``tokenizer.sample_bytes``
+  of the sources, streamed, and cached the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from blocklab.config import DataConfig, TokenizerConfig, TokenizerName
+from blocklab.data.sources import ReadStats, WorkItem, plan, read_documents, resolve_files
+from blocklab.data.tokenizer import (
+    BLOCKLAB_SPECIALS,
+    Specials,
+    byte_tokenizer,
+    load_user_tokenizer,
+    train_bpe,
+)
+from blocklab.errors import DataError, StorageError
+from blocklab.provenance import digest
+
+CACHE_ENV = "BLOCKLAB_DATA_CACHE"
+DEFAULT_CACHE = "outputs/.cache/data"
+FORMAT = 1
+BINARY_FRACTION = 0.01  # invalid UTF-8 sequences per byte above which a file is called out
+BATCH_CHARS = 1 << 20  # documents are encoded in batches of about this much text
+# Fields that change the tokens of a prepared corpus (the rest — seq_len, split, batching —
+# only change how training reads it).
+TOKEN_FIELDS = ("format", "text_key", "documents", "utf8_errors", "corpus", "hub_dataset",
+                "hub_split")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A prepared corpus: where it is and what it holds."""
+
+    path: Path
+    fingerprint: str
+    tokenizer_json: str
+    specials: Specials
+    meta: dict[str, Any]
+
+
+def cache_root(data: DataConfig) -> Path:
+    return Path(data.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared:
+    """The prepared corpus of ``data`` tokenized by ``tok_cfg``: reused when its fingerprint
+    is on disk and verifies, built otherwise."""
+    log = log or _stderr
+    files = [] if data.hub_dataset else resolve_files(data)
+    items = plan(data, files)
+    root = cache_root(data)
+    source_fp = sources_fingerprint(data, files)
+    tok, specials, notes = tokenizer_for(data, tok_cfg, items, source_fp, root, log)
+    for note in notes:
+        log(note)
+    tok_json = tok.to_str()
+    fingerprint = digest({"format": FORMAT, "sources": source_fp, "tokenizer": digest(tok_json),
+                          "specials": specials.to_dict()})
+    final = root / fingerprint
+    with _locked(root, fingerprint):
+        if final.is_dir():
+            problem = verify(final)
+            if problem is None:
+                return _load(final, fingerprint)
+            aside = _set_aside(final)
+            log(f"warning: prepared corpus {final}: {problem}; kept as {aside.name}, "
+                "preparing it again")
+        _build(final, items, data, tok, specials, log)
+    return _load(final, fingerprint)
+
+
+def sources_fingerprint(data: DataConfig, files: list[Path]) -> str:
+    """Identifies the sources and the reading settings (not the tokenizer)."""
+    fields = {k: getattr(data, k) for k in TOKEN_FIELDS}
+    if data.fingerprint == "content":
+        listing = [(str(f.resolve()), _sha256_file(f)) for f in files]
+    else:
+        listing = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return digest({"fields": fields, "files": listing})
+
+
+# --------------------------------------------------------------------------------- tokenizer
+
+
+def tokenizer_for(data: DataConfig, cfg: TokenizerConfig, items: list[WorkItem],
+                  source_fp: str, root: Path, log) -> tuple[Any, Specials, list[str]]:
+    """(tokenizer, specials, notes). A BPE is trained once per (sources, settings) on a
+    seeded sample and cached under ``<cache>/tokenizers/``."""
+    from tokenizers import Tokenizer
+
+    name = cfg.name
+    if name is TokenizerName.file:
+        return load_user_tokenizer(cfg.path)
+    if name is TokenizerName.byte:
+        return byte_tokenizer(), BLOCKLAB_SPECIALS, []
+    if name is not TokenizerName.bpe:
+        raise DataError(f"data error: tokenizer.name={name.value!r}: cannot tokenize text")
+    key = digest({"sources": source_fp, "vocab_size": cfg.vocab_size,
+                  "sample_bytes": cfg.sample_bytes, "seed": data.seed})
+    path = root / "tokenizers" / f"bpe-{key}.json"
+    with _locked(root, f"bpe-{key}"):
+        if path.is_file():
+            tok = Tokenizer.from_file(str(path))
+            tok.encode_special_tokens = True
+            return tok, BLOCKLAB_SPECIALS, []
+        sample = _sample(items, data, cfg.sample_bytes)
+        log(f"tokenizer: training a byte-level BPE (vocab {cfg.vocab_size}) on a sample of at "
+            f"most {cfg.sample_bytes / 1e6:.0f} MB of the sources ...")
+        tok = train_bpe(cfg, sample, progress=sys.stderr.isatty())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(tok.to_str())
+        tmp.replace(path)
+    return tok, BLOCKLAB_SPECIALS, []
+
+
+def _sample(items: list[WorkItem], data: DataConfig, budget: int) -> Iterator[str]:
+    """Documents of the work items in a seeded order, until ``budget`` characters."""
+    order = list(range(len(items)))
+    random.Random(f"bpe-sample:{data.seed}").shuffle(order)
+    used = 0
+    for i in order:
+        for doc in read_documents(items[i], data, ReadStats()):
+            yield doc[: budget - used]
+            used += min(len(doc), budget - used)
+            if used >= budget:
+                return
+
+
+# ------------------------------------------------------------------------------------ build
+
+
+def dtype_for(vocab_size: int) -> np.dtype:
+    """The smallest unsigned dtype holding every id."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: Specials,
+           log) -> None:
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    dtype = dtype_for(tok.get_vocab_size())
+    task = Task(tok.to_str(), data, specials, str(dtype), str(tmp))
+    t0, stats, tokens = time.perf_counter(), ReadStats(), 0
+    files: dict[str, dict[str, Any]] = {}
+    try:
+        tmp.mkdir(parents=True)
+        for result in _run(task, items, data.num_proc, log):
+            stats.add(result.stats)
+            tokens += result.tokens
+            files.update(result.files)
+        if not stats.documents:
+            raise DataError(f"data error: data.files: all {stats.empty_dropped} documents are "
+                            f"empty or whitespace only ({_where(items)})")
+        for name, n in stats.invalid_by_file.items():
+            size = max(os.path.getsize(name), 1) if os.path.exists(name) else 1
+            if n > BINARY_FRACTION * size:
+                log(f"warning: data.files: {name}: {n:,} invalid UTF-8 sequences in {size:,} "
+                    "bytes replaced — is it a text file? (data.utf8_errors=strict refuses it)")
+        seconds = time.perf_counter() - t0
+        meta = {"format": FORMAT, "dtype": str(dtype), "shards": len(items),
+                "tokens": tokens, "documents": stats.documents,
+                "empty_dropped": stats.empty_dropped, "invalid_utf8": stats.invalid_utf8,
+                "bytes": stats.bytes, "seconds": round(seconds, 3),
+                "specials": specials.to_dict(), "vocab_size": tok.get_vocab_size(),
+                "data": {k: getattr(data, k) for k in TOKEN_FIELDS}}
+        _write(tmp / "tokenizer.json", tok.to_str().encode(), files)
+        _write(tmp / "meta.json", json.dumps(meta, indent=2, default=str).encode(), files)
+        _write(tmp / "manifest.json", json.dumps({"files": files}, indent=2).encode(), {})
+        if final.exists():  # only a corrupt copy set aside can have been here: gone now
+            shutil.rmtree(final)
+        tmp.rename(final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno == errno.ENOSPC:
+            raise StorageError(errno.ENOSPC, f"I/O error: preparing {final}: no space left on "
+                               f"device ({stats.bytes:,} bytes of text read so far; the shards "
+                               "need about 2-4 bytes per token); nothing was kept") from None
+        raise StorageError(e.errno, f"I/O error: preparing {final}: {e.strerror or e}") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    rate = stats.bytes / max(seconds, 1e-9)
+    log(f"data: prepared {stats.bytes / 1e6:.1f} MB into {tokens:,} tokens in {seconds:.1f} s "
+        f"({rate / 1e6:.1f} MB/s, {tokens / max(seconds, 1e-9):,.0f} tokens/s): {final}")
+
+
+@dataclass(frozen=True)
+class Task:
+    """What every worker needs (picklable)."""
+
+    tokenizer_json: str
+    data: DataConfig
+    specials: Specials
+    dtype: str
+    out: str
+
+
+@dataclass
+class ShardResult:
+    index: int
+    tokens: int
+    stats: ReadStats
+    files: dict[str, dict[str, Any]]
+
+
+def _run(task: Task, items: list[WorkItem], num_proc: int | None, log) -> Iterator[ShardResult]:
+    """Shard results in item order, from ``num_proc`` worker processes (1: in this one)."""
+    procs = max(1, min(num_proc or min(os.cpu_count() or 1, 8), len(items)))
+    bar = _progress(sum(i.nbytes for i in items))
+    try:
+        if procs == 1:
+            _init(task)
+            results: Any = map(_work, enumerate(items))
+            pool = None
+        else:
+            import multiprocessing as mp
+
+            pool = mp.get_context("spawn").Pool(procs, initializer=_init, initargs=(task,))
+            results = pool.imap(_work, enumerate(items))
+        with pool or contextlib.nullcontext():
+            for r in results:
+                if bar is not None:
+                    bar.update(r.stats.bytes)
+                    bar.set_postfix_str(f"{r.tokens:,} tokens in shard {r.index}")
+                yield r
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _progress(total: int):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000,
+                desc="preparing", file=sys.stderr)
+
+
+_TASK: dict[str, Any] = {}
+
+
+def _init(task: Task) -> None:
+    """Worker start: one tokenizer per process, single-threaded (the processes are the
+    parallelism)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from blocklab.data.tokenizer import tokenizer_from_json
+
+    _TASK.update(task=task, tok=tokenizer_from_json(task.tokenizer_json))
+
+
+def _work(args: tuple[int, WorkItem]) -> ShardResult:
+    index, item = args
+    task, tok = _TASK["task"], _TASK["tok"]
+    sp, dtype = task.specials, np.dtype(task.dtype)
+    stats, lengths = ReadStats(), []
+    out = Path(task.out)
+    tokens_path, docs_path = out / f"tokens-{index:05d}.bin", out / f"docs-{index:05d}.npy"
+    h = hashlib.sha256()
+    total = 0
+    with tokens_path.open("wb") as f:
+        for batch in _text_batches(read_documents(item, task.data, stats)):
+            ids: list[int] = []
+            for enc in tok.encode_batch(batch, add_special_tokens=False):
+                ids += (sp.bos, *enc.ids, sp.eos)
+                lengths.append(len(enc.ids) + 2)
+            data = np.asarray(ids, dtype=dtype).tobytes()
+            _write_tokens(f, data)
+            h.update(data)
+            total += len(ids)
+        f.flush()
+        os.fsync(f.fileno())
+    np.save(docs_path, np.asarray(lengths, dtype=np.int64))
+    files = {tokens_path.name: {"bytes": tokens_path.stat().st_size, "sha256": h.hexdigest()},
+             docs_path.name: {"bytes": docs_path.stat().st_size,
+                              "sha256": _sha256_file(docs_path)}}
+    return ShardResult(index, total, stats, files)
+
+
+def _write_tokens(f, data: bytes) -> None:
+    f.write(data)
+
+
+def _text_batches(docs: Iterator[str]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    size = 0
+    for d in docs:
+        batch.append(d)
+        size += len(d)
+        if size >= BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+# --------------------------------------------------------------------------- files and locks
+
+
+def verify(path: Path) -> str | None:
+    """None when every file of a prepared corpus matches its manifest, else what is wrong."""
+    try:
+        files = json.loads((path / "manifest.json").read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return "no readable manifest.json (incomplete)"
+    for name, info in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} missing"
+        if f.stat().st_size != info["bytes"]:
+            return f"{name} truncated or grown ({f.stat().st_size:,} of {info['bytes']:,} bytes)"
+        if _sha256_file(f) != info["sha256"]:
+            return f"{name} sha256 mismatch (corrupted)"
+    return None
+
+
+def _load(path: Path, fingerprint: str) -> Prepared:
+    meta = json.loads((path / "meta.json").read_text())
+    return Prepared(path, fingerprint, (path / "tokenizer.json").read_text(),
+                    Specials.from_dict(meta["specials"]), meta)
+
+
+def _write(path: Path, data: bytes, files: dict[str, dict[str, Any]]) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if files is not None:
+        files[path.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _locked(root: Path, name: str) -> Iterator[None]:
+    """Processes preparing the same thing take turns (the kernel lock dies with its holder)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise StorageError(e.errno, f"I/O error: data cache {root}: not writable "
+                           f"({e.strerror}); set data.cache_dir") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _set_aside(path: Path) -> Path:
+    k = 1
+    while (aside := path.with_name(f"{path.name}.corrupt-{k}")).exists():
+        k += 1
+    path.rename(aside)
+    return aside
+
+
+def _where(items: list[WorkItem]) -> str:
+    names = list(dict.fromkeys(p for i in items for p in i.paths))
+    return ", ".join(names[:5]) + (" ..." if len(names) > 5 else "")
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+

