@@ -82,6 +82,14 @@ class Prepared:
     meta: dict[str, Any]
 
 
+def processes_default() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
+def processes(data: DataConfig) -> int:
+    return data.num_proc or processes_default()
+
+
 def cache_root(data: DataConfig) -> Path:
     return Path(data.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
 
@@ -91,7 +99,7 @@ def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared
     is on disk and verifies, built otherwise."""
     log = log or _stderr
     files = [] if data.hub_dataset else resolve_files(data)
-    items = plan(data, files)
+    items = plan(data, files, processes(data))
     root = cache_root(data)
     source_fp = sources_fingerprint(data, files)
     tok, specials, notes = tokenizer_for(data, tok_cfg, items, source_fp, root, log)
@@ -250,7 +258,7 @@ class ShardResult:
 
 def _run(task: Task, items: list[WorkItem], num_proc: int | None, log) -> Iterator[ShardResult]:
     """Shard results in item order, from ``num_proc`` worker processes (1: in this one)."""
-    procs = max(1, min(num_proc or min(os.cpu_count() or 1, 8), len(items)))
+    procs = max(1, min(num_proc or processes_default(), len(items)))
     bar = _progress(sum(i.nbytes for i in items))
     try:
         if procs == 1:

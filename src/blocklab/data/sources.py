@@ -31,7 +31,8 @@ from pathlib import Path
 from blocklab.config import DataConfig
 from blocklab.errors import DataError
 
-ITEM_BYTES = 16 << 20  # work item size: small files are grouped, big ones cut, to about this
+ITEM_BYTES = 16 << 20  # largest work item: small files are grouped, big ones cut, to this
+MIN_ITEM_BYTES = 1 << 20  # smallest work item worth a process's start-up
 
 
 def shakespeare_files() -> list[Path]:
@@ -116,8 +117,11 @@ class ReadStats:
             self.invalid_by_file[f] = self.invalid_by_file.get(f, 0) + n
 
 
-def plan(data: DataConfig, files: list[Path]) -> list[WorkItem]:
-    """Work items covering every source exactly once, in source order."""
+def plan(data: DataConfig, files: list[Path], procs: int = 1) -> list[WorkItem]:
+    """Work items covering every source exactly once, in source order: about four per
+    process, between MIN_ITEM_BYTES and ITEM_BYTES each."""
+    total = sum(f.stat().st_size for f in files) if data.format != "disk" else 0
+    size_cap = max(min(ITEM_BYTES, total // (4 * max(procs, 1))), min(MIN_ITEM_BYTES, ITEM_BYTES))
     if data.hub_dataset:
         return [WorkItem("hub", (data.hub_dataset,))]
     if data.format == "disk":
@@ -132,16 +136,16 @@ def plan(data: DataConfig, files: list[Path]) -> list[WorkItem]:
         whole = data.format == "text" and data.documents == "file"
         if data.format == "json" and _is_json_array(f):
             items.append(WorkItem("json", (str(f),), nbytes=n))
-        elif whole or n <= ITEM_BYTES:
+        elif whole or n <= size_cap:
             group.append(f)
             size += n
-            if size >= ITEM_BYTES:
+            if size >= size_cap:
                 items.append(_group(data, group, size))
                 group, size = [], 0
         else:
             sep = b"\n\n" if data.format == "text" and data.documents == "paragraph" else b"\n"
             kind = "text" if data.format == "text" else "jsonl"
-            cuts = [0, *_cut_points(f, n, sep), n]
+            cuts = [0, *_cut_points(f, n, sep, size_cap), n]
             items += [WorkItem(kind, (str(f),), a, b, b - a)
                       for a, b in itertools.pairwise(cuts) if b > a]
     if group:
@@ -154,11 +158,11 @@ def _group(data: DataConfig, files: list[Path], size: int) -> WorkItem:
                     nbytes=size)
 
 
-def _cut_points(f: Path, n: int, sep: bytes) -> list[int]:
-    """Offsets about ITEM_BYTES apart just after a separator (a line or paragraph end)."""
+def _cut_points(f: Path, n: int, sep: bytes, step: int) -> list[int]:
+    """Offsets about ``step`` apart just after a separator (a line or paragraph end)."""
     cuts = []
     with f.open("rb") as fh:
-        for target in range(ITEM_BYTES, n, ITEM_BYTES):
+        for target in range(step, n, step):
             fh.seek(target)
             window = fh.read(1 << 20)
             i = window.find(sep)
