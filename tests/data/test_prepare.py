@@ -329,3 +329,22 @@ def test_reading_never_loads_the_token_arrays(prepared) -> None:
     corpus = TokenCorpus(p.path)
     assert all(isinstance(s, np.memmap) for s in corpus.shards)
     assert json.loads((p.path / "meta.json").read_text())["dtype"] == "uint16"
+
+
+def test_ddp_ranks_read_disjoint_examples_that_cover_an_epoch(tmp_path) -> None:
+    """Ranks take interleaved example indices (data/datamodule.py): over one epoch of pieces,
+    two ranks read disjoint pieces that together are every training piece once."""
+    from blocklab.data.datamodule import ResumableBatches
+
+    stream, _ = stream_for(tmp_path, ascii_docs(list(range(10, 200, 2))))
+    n, batch = len(stream.train[0]), 2
+    per_rank = []
+    for rank in (0, 1):
+        sampler = iter(ResumableBatches(batch, rank=rank, world=2))
+        keys = [k for _ in range(n // (2 * batch)) for k, _ in next(sampler)]
+        per_rank.append([stream._permuted(k, n) for k in keys])  # which piece each reads
+    a, b = per_rank
+    assert not set(a) & set(b) and len(set(a)) == len(a) and len(set(b)) == len(b)
+    covered = n // (2 * batch) * 2 * batch
+    assert sorted(a + b) == sorted(stream._permuted(i, n) for i in range(covered))
+    assert covered > n - 2 * batch  # the whole epoch but a last partial batch

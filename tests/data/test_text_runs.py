@@ -154,3 +154,17 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path):
     assert out[20]["tokens"] > 9 * out[2]["tokens"]
     assert out[20]["prepare"] < 1.5 * out[2]["prepare"], out
     assert out[20]["read"] < 1.5 * out[2]["read"], out
+
+
+def test_blocklab_prepare_prepares_once(tmp_path):
+    data = corpus(tmp_path, n_files=10)
+    args = ["data=text_files", f"data.files=[{data}]", "tokenizer=byte",
+            f"data.cache_dir={tmp_path / 'cache'}"]
+    first = cli(*args, tool="blocklab-prepare")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "data: prepared" in first.stderr and first.stdout.startswith("prepared corpus ")
+    second = cli(*args, tool="blocklab-prepare")
+    assert second.returncode == 0 and "data: prepared" not in second.stderr
+    assert second.stdout == first.stdout  # the same corpus, reused
+    bad = cli("data=retrieval_mix", tool="blocklab-prepare")
+    assert bad.returncode == 2 and "only text data is prepared" in bad.stderr

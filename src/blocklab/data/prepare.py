@@ -270,11 +270,14 @@ def _run(task: Task, items: list[WorkItem], num_proc: int | None, log) -> Iterat
 
             pool = mp.get_context("spawn").Pool(procs, initializer=_init, initargs=(task,))
             results = pool.imap(_work, enumerate(items))
+        t0, tokens = time.perf_counter(), 0
         with pool or contextlib.nullcontext():
             for r in results:
-                if bar is not None:
+                tokens += r.tokens
+                if bar is not None:  # bytes: MB/s on the bar; tokens/s beside it
                     bar.update(r.stats.bytes)
-                    bar.set_postfix_str(f"{r.tokens:,} tokens in shard {r.index}")
+                    rate = tokens / max(time.perf_counter() - t0, 1e-9)
+                    bar.set_postfix_str(f"{rate:,.0f} tokens/s")
                 yield r
     finally:
         if bar is not None:
