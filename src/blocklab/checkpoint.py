@@ -23,7 +23,6 @@ unsafe global is refused, never loaded with ``weights_only=False``.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import io
 import json
@@ -37,7 +36,8 @@ from typing import Any
 
 import torch
 
-from blocklab.errors import StorageError
+from blocklab.errors import StorageError  # noqa: F401  (re-exported: checkpoint.StorageError)
+from blocklab.files import set_aside, sha256_file, storage_error
 
 FORMAT_VERSION = 1
 STATE, META, CONFIG, TOKENIZER, MANIFEST = (
@@ -50,14 +50,6 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, corrupt, unsafe or incompatible (exit code 4)."""
 
     exit_code = 4
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -112,11 +104,8 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
         _fsync_dir(path.parent)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
-            raise StorageError(errno.ENOSPC, f"checkpoint {path}: no space left on device; the "
-                               f"checkpoint needs {needed:,} bytes free; previous checkpoints "
-                               "are intact") from None
-        raise StorageError(e.errno, f"checkpoint {path}: cannot write: {e.strerror or e}") from None
+        raise storage_error(e, f"checkpoint {path}", f"the checkpoint needs {needed:,} bytes "
+                            "free; previous checkpoints are intact") from None
     from blocklab.faults import maybe_fault
 
     match = NAME.fullmatch(path.name)
@@ -136,10 +125,7 @@ def is_valid(path: Path) -> bool:
 
 def _set_aside(path: Path) -> Path:
     """Rename a corrupt checkpoint directory out of the way (kept for inspection)."""
-    k = 1
-    while (aside := path.with_name(f"{path.name}.corrupt-{k}")).exists():
-        k += 1
-    path.rename(aside)
+    aside = set_aside(path)
     print(f"warning: checkpoint {path} failed verification; kept as {aside.name}, writing the "
           "new state in its place", file=sys.stderr)
     return aside
@@ -182,7 +168,7 @@ def verify(path: str | Path) -> dict[str, Any]:
         if size < info["bytes"]:
             raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of "
                                   f"{info['bytes']:,} bytes)")
-        if size != info["bytes"] or _sha256(f) != info["sha256"]:
+        if size != info["bytes"] or sha256_file(f) != info["sha256"]:
             raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted)")
     return manifest
 

@@ -32,7 +32,6 @@ ecosystem's readers (``datasets``/``pyarrow`` for Parquet, saved and hub dataset
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import json
@@ -58,6 +57,7 @@ from blocklab.data.tokenizer import (
     train_bpe,
 )
 from blocklab.errors import DataError, StorageError
+from blocklab.files import set_aside, sha256_file, storage_error
 from blocklab.provenance import digest
 
 CACHE_ENV = "BLOCKLAB_DATA_CACHE"
@@ -114,7 +114,7 @@ def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared
             problem = verify(final)
             if problem is None:
                 return _load(final, fingerprint)
-            aside = _set_aside(final)
+            aside = set_aside(final)
             log(f"warning: prepared corpus {final}: {problem}; kept as {aside.name}, "
                 "preparing it again")
         _build(final, items, data, tok, specials, log)
@@ -125,7 +125,7 @@ def sources_fingerprint(data: DataConfig, files: list[Path]) -> str:
     """Identifies the sources and the reading settings (not the tokenizer)."""
     fields = {k: getattr(data, k) for k in TOKEN_FIELDS}
     if data.fingerprint == "content":
-        listing = [(str(f.resolve()), _sha256_file(f)) for f in files]
+        listing = [(str(f.resolve()), sha256_file(f)) for f in files]
     else:
         listing = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
     return digest({"fields": fields, "files": listing})
@@ -224,11 +224,9 @@ def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: 
         tmp.rename(final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
-            raise StorageError(errno.ENOSPC, f"I/O error: preparing {final}: no space left on "
-                               f"device ({stats.bytes:,} bytes of text read so far; the shards "
-                               "need about 2-4 bytes per token); nothing was kept") from None
-        raise StorageError(e.errno, f"I/O error: preparing {final}: {e.strerror or e}") from None
+        raise storage_error(e, f"I/O error: preparing {final}", f"{stats.bytes:,} bytes of "
+                            "text read so far, the shards need about 2-4 bytes per token; "
+                            "nothing was kept") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -329,7 +327,7 @@ def _work(args: tuple[int, WorkItem]) -> ShardResult:
     np.save(docs_path, np.asarray(lengths, dtype=np.int64))
     files = {tokens_path.name: {"bytes": tokens_path.stat().st_size, "sha256": h.hexdigest()},
              docs_path.name: {"bytes": docs_path.stat().st_size,
-                              "sha256": _sha256_file(docs_path)}}
+                              "sha256": sha256_file(docs_path)}}
     return ShardResult(index, total, stats, files)
 
 
@@ -365,7 +363,7 @@ def verify(path: Path) -> str | None:
             return f"{name} missing"
         if f.stat().st_size != info["bytes"]:
             return f"{name} truncated or grown ({f.stat().st_size:,} of {info['bytes']:,} bytes)"
-        if _sha256_file(f) != info["sha256"]:
+        if sha256_file(f) != info["sha256"]:
             return f"{name} sha256 mismatch (corrupted)"
     return None
 
@@ -385,14 +383,6 @@ def _write(path: Path, data: bytes, files: dict[str, dict[str, Any]]) -> None:
         files[path.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @contextlib.contextmanager
 def _locked(root: Path, name: str) -> Iterator[None]:
     """Processes preparing the same thing take turns (the kernel lock dies with its holder)."""
@@ -407,14 +397,6 @@ def _locked(root: Path, name: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def _set_aside(path: Path) -> Path:
-    k = 1
-    while (aside := path.with_name(f"{path.name}.corrupt-{k}")).exists():
-        k += 1
-    path.rename(aside)
-    return aside
 
 
 def _where(items: list[WorkItem]) -> str:
