@@ -97,6 +97,7 @@ def test_bad_training_configs_fail_in_one_line_before_anything_is_written(
 
 
 MORE_RULES = [  # rules beyond the list, checked on the config alone (fast)
+    (["model=bert_tiny", "data.packing=true"], "data.packing", "does not pack documents"),
     (["data=shakespeare"], "tokenizer.name", "synthetic data"),
     (["tokenizer=bpe"], "tokenizer.name", "tokenizer=synthetic"),
     (["trainer.strategy=deepspeed"], "trainer.strategy", "model_parallel"),

@@ -88,6 +88,8 @@ class Objective:
 
     #: Whether the family is a causal LM whose per-token likelihood is a perplexity.
     causal_lm: bool = False
+    #: Whether ``data.packing`` applies: several documents per row, kept apart by segment ids.
+    packs: bool = False
     #: The tokenizer's pad / bos / eos / mask ids (blocklab's own by default).
     specials: Specials = BLOCKLAB_SPECIALS
 
@@ -124,6 +126,7 @@ class CausalLM(Objective):
     """Decoder: predict token ``t+1`` from tokens ``<= t``."""
 
     causal_lm = True
+    packs = True
 
     def __init__(self, *, pack_to: int | None = None) -> None:
         self.pack_to = pack_to

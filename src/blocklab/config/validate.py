@@ -317,6 +317,13 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
         tc.model, vocab_size=1 if tc.model.vocab_size is None else tc.model.vocab_size))
     validate_data(tc.data, tc.tokenizer)
     _validate_position_options(tc.model, tc.data)
+    if tc.data.packing:  # the family's objective says whether it packs rows
+        from blocklab import registry
+
+        objective = registry.lookup("objective", tc.model.family.name, "model.family.name")
+        _check(getattr(objective, "packs", False), "data.packing", True,
+               f"the {tc.model.family.name} objective does not pack documents into rows",
+               "packing is for decoders (causal LM)")
     validate_optim(tc.optim)
     validate_schedule(tc.schedule)
     validate_trainer(tc.trainer)
