@@ -20,12 +20,13 @@ FLOORS = {
     "config": 2,
     "model": 3, "data": 3,
     "objectives": 4, "checkpoint": 4,
-    "eval": 5, "train": 5, "compare": 5,
+    "eval": 5, "train": 5, "compare": 5, "convert": 5,
     "sweep": 6,
     "cli": 7,
 }
 # Same-floor imports that are allowed: training runs the probe callback and the probe runner.
-SIDEWAYS = {("train", "eval")}
+# Training starts from a pretrained source (init_from) through the converters.
+SIDEWAYS = {("train", "eval"), ("train", "convert")}
 
 
 def _unit(path: Path) -> str:

@@ -57,6 +57,14 @@ def prepare_cli() -> None:
     _console(prepare)
 
 
+def import_cli() -> None:
+    _console(import_hf)
+
+
+def export_cli() -> None:
+    _console(export_hf)
+
+
 def _run(fn, cfg: DictConfig):
     """Errors users can cause end in one line and a per-class exit code, no traceback."""
     global _STARTED
@@ -142,8 +150,12 @@ def _eval(cfg: DictConfig) -> None:
         return
     r, p = ev.evaluate_checkpoint(ec.ckpt, spec, val_batches=ec.val_batches,
                                   batch_size=ec.batch_size, out=ec.out)
-    print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
-          f"over {r['val_targets']} targets")
+    if r["val_loss"] is None:
+        print(f"checkpoint {r['checkpoint']}: imported (no training data: validation loss "
+              "skipped)")
+    else:
+        print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
+              f"over {r['val_targets']} targets")
     if p is not None:
         print(f"probe results   {p.out_dir}")
 
@@ -197,3 +209,45 @@ def prepare(cfg: DictConfig) -> None:
     with the same sources, tokenizer and reading settings (training does it on first use too):
     ``blocklab-prepare data=text_files 'data.files=[corpus/]' tokenizer=bpe``."""
     _run(_prepare, cfg)
+
+
+def _import(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    from blocklab.convert import import_model
+
+    ic = OmegaConf.to_object(cfg)
+    if not ic.from_hf:
+        raise ConfigError("config error: from_hf=None: required (a Hugging Face model directory "
+                          "or hub id)")
+    target = import_model(ic.from_hf, ic.out, gguf=ic.gguf, ignore_fields=tuple(ic.ignore_fields))
+    print(f"imported checkpoint {target}\n"
+          f"  evaluate:   blocklab-eval ckpt={target.parent.parent} probes=text\n"
+          f"  fine-tune:  blocklab-train init_from={target.parent.parent} data=... tokenizer=file "
+          f"tokenizer.path=...")
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="import")
+def import_hf(cfg: DictConfig) -> None:
+    """Import a pretrained Hugging Face model as a blocklab checkpoint:
+    ``blocklab-import from_hf=<dir or org/name> [gguf=<file>] [out=<dir>]``."""
+    _run(_import, cfg)
+
+
+def _export(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    from blocklab.convert import export_model
+
+    ec = OmegaConf.to_object(cfg)
+    for key in ("ckpt", "out"):
+        if not getattr(ec, key):
+            raise ConfigError(f"config error: {key}=None: required")
+    export_model(ec.ckpt, ec.out, arch=ec.arch)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
+def export_hf(cfg: DictConfig) -> None:
+    """Export a checkpoint as a Hugging Face model directory:
+    ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=llama|gpt2|bert|t5]``."""
+    _run(_export, cfg)

@@ -94,6 +94,20 @@ def test_count_params_matches_built_model(family, norm, block, position):
     assert not mismatches, "\n".join(mismatches)
 
 
+ZOO_OPTIONS = list(itertools.product(FAMILIES, NORMS, BLOCKS, [(True, 0), (False, 2), (True, 3)]))
+
+
+@pytest.mark.parametrize(("family", "norm", "block", "options"), ZOO_OPTIONS,
+                         ids=[f"{f}-{n}-{b}-embnorm{o[0]}-types{o[1]}" for f, n, b, o in ZOO_OPTIONS])
+def test_count_params_with_embedding_norm_and_token_types(family, norm, block, options):
+    """The options imported models need (embedding norm per stack, token-type table) are
+    counted by the estimator as built."""
+    embed_norm, types = options
+    cfg = tiny(family, norm=norm, block=block, position="learned", embed_norm=embed_norm,
+               type_vocab_size=types)
+    assert count_params(cfg) == counted_params(build_model(cfg))
+
+
 def test_count_params_flag_grid_is_covered():
     """The cycling above reaches all 16 flag combinations for every outer combination."""
     inner = len(FFNS) * len(ATTENTIONS)

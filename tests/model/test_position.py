@@ -223,6 +223,12 @@ HF_CASES = [
     pytest.param(RopeScaling.yarn, "yarn", 64, 10000.0, 4.0, 1024, 4096,
                  {"yarn_beta_fast": 16.0, "yarn_beta_slow": 2.0}, id="yarn4-betas16-2"),
     pytest.param(RopeScaling.yarn, "yarn", 64, 10000.0, 1.0, 1024, 1024, {}, id="yarn1"),
+    pytest.param(RopeScaling.llama3, "llama3", 128, 500000.0, 8.0, 8192, 131072, {},
+                 id="llama3-8"),
+    pytest.param(RopeScaling.llama3, "llama3", 64, 10000.0, 4.0, 512, 2048,
+                 {"low_freq_factor": 2.0, "high_freq_factor": 8.0}, id="llama3-4-lf2-hf8"),
+    pytest.param(RopeScaling.llama3, "llama3", 32, 10000.0, 32.0, 64, 4096, {},
+                 id="llama3-32-short"),
 ]
 
 
@@ -242,6 +248,10 @@ def test_rope_matches_transformers(scaling, rope_type, d_head, base, factor, ori
         if extra:
             params["beta_fast"] = extra["yarn_beta_fast"]
             params["beta_slow"] = extra["yarn_beta_slow"]
+    if rope_type == "llama3":
+        params["original_max_position_embeddings"] = original
+        params["low_freq_factor"] = extra.get("low_freq_factor", 1.0)
+        params["high_freq_factor"] = extra.get("high_freq_factor", 4.0)
     config = _hf_config(d_head, max_seq_len, params)
     hf_inv, hf_factor = _hf_init(rope_type, config)
 

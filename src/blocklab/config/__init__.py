@@ -32,8 +32,10 @@ from blocklab.config.schema import (
     DataName,
     EstimateConfig,
     EvalConfig,
+    ExportConfig,
     FamilyConfig,
     FFNConfig,
+    ImportConfig,
     LitmProbeConfig,
     LoggerConfig,
     ModelConfig,
@@ -72,7 +74,8 @@ from blocklab.errors import ConfigError
 
 __all__ = [
     "CONFIG_MODULE", "FILLERS", "MODEL_AXES", "AttentionConfig", "BlockConfig", "ConfigError",
-    "DataConfig", "DataName", "EstimateConfig", "EvalConfig", "FFNConfig", "FamilyConfig",
+    "DataConfig", "DataName", "EstimateConfig", "EvalConfig", "ExportConfig", "FFNConfig",
+    "FamilyConfig", "ImportConfig",
     "LitmProbeConfig", "LoggerConfig", "ModelConfig", "NeedleProbeConfig", "NormConfig",
     "OptimConfig", "PerplexityProbeConfig", "PositionConfig", "ProbeSpec", "RopeScaling",
     "ScheduleConfig", "TaskWeights", "TextProbeConfig", "TokenizerConfig", "TokenizerName",

@@ -7,7 +7,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from blocklab.config.schema import EstimateConfig, EvalConfig, ModelConfig, ProbeSpec, TrainConfig
+from blocklab.config.schema import (
+    EstimateConfig,
+    EvalConfig,
+    ExportConfig,
+    ImportConfig,
+    ModelConfig,
+    ProbeSpec,
+    TrainConfig,
+)
 from blocklab.config.validate import validate_model
 from blocklab.errors import ConfigError
 
@@ -52,6 +60,8 @@ def register_configs() -> None:
     cs.store(name="estimate_schema", node=EstimateConfig)
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(name="import_schema", node=ImportConfig)
+    cs.store(name="export_schema", node=ExportConfig)
     cs.store(group="model", name="schema", node=ModelConfig)
     cs.store(group="probes", name="schema", node=ProbeSpec)
 

@@ -21,6 +21,7 @@ class RopeScaling(enum.Enum):
     linear = "linear"
     ntk = "ntk"
     yarn = "yarn"
+    llama3 = "llama3"
 
 
 # Choices that are strings in the schema (Lightning's names, file formats, ...): the validators
@@ -98,15 +99,25 @@ class PositionConfig:
     original_max_seq_len: int | None = None  # yarn: training context (null = model.max_seq_len)
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    # llama3: wavelengths longer than original/low_freq_factor are interpolated, shorter than
+    # original/high_freq_factor kept, a smooth blend between
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
     # t5_bias
     num_buckets: int = 32
     max_distance: int = 128
+
+
+GELU_FORMS = ("none", "tanh")  # torch.nn.functional.gelu(approximate=...)
 
 
 @dataclass
 class FFNConfig:
     name: str = "gelu_mlp"
     bias: bool = True
+    # GELU form of gelu_mlp / geglu (and the masked-LM head): "none" = exact erf (BERT),
+    # "tanh" = the tanh approximation (GPT-2's gelu_new, T5 v1.1's gated-gelu)
+    approximate: str = "none"
 
 
 @dataclass
@@ -115,6 +126,8 @@ class AttentionConfig:
     n_kv_heads: int | None = None  # mha: null (= n_heads); gqa: required; mqa: null (= 1)
     bias: bool = True
     dropout: float = 0.0
+    # attention score scale; null = 1/sqrt(d_head); T5 uses 1.0 (unscaled scores)
+    scale: float | None = None
 
 
 @dataclass
@@ -135,6 +148,13 @@ class ModelConfig:
     dropout: float = 0.0  # embedding and residual dropout
     tie_embeddings: bool = True
     init_std: float = 0.02
+    # norm (model.norm's kind) on each stack's input: token (+ type + absolute position)
+    # embeddings, before the first block (BERT's embedding LayerNorm)
+    embed_norm: bool = False
+    # token-type ("segment A/B") embeddings added to the token embeddings; 0 = none (BERT: 2)
+    type_vocab_size: int = 0
+    # factor on the final hidden state before the LM head (T5 with a tied head: d_model^-0.5)
+    head_scale: float = 1.0
 
     # Derived values: read these, never recompute them at call sites.
     @property
@@ -359,6 +379,9 @@ class TrainConfig:
     out_root: str = "outputs"
     run_dir: str | None = None  # set to continue in an existing directory (resume does it)
     resume: str | None = None  # run directory or checkpoint to continue exactly
+    # start from pretrained weights: a blocklab checkpoint / run directory, a Hugging Face model
+    # directory or hub id, or a .gguf file (architecture and tokenizer from the source)
+    init_from: str | None = None
     allow_data_change: bool = False  # resume: accept a different data/tokenizer fingerprint
     objective: str = "val/loss"  # the metric a run returns to sweepers (Optuna minimizes it)
 
@@ -372,6 +395,21 @@ class EvalConfig:
     hf_model: str | None = None  # a Hugging Face causal LM directory instead of a checkpoint
     hf_gguf: str | None = None  # a GGUF file inside hf_model (dequantized on load)
     out: str | None = None  # output folder (default: next to the checkpoint)
+
+
+@dataclass
+class ImportConfig:
+    from_hf: str | None = None  # a Hugging Face model directory, or a hub id (network needed)
+    gguf: str | None = None  # a GGUF file inside from_hf (llama architecture)
+    out: str | None = None  # run directory to create (default outputs/imported/<name>)
+    ignore_fields: list[str] = field(default_factory=list)  # HF config keys declared harmless
+
+
+@dataclass
+class ExportConfig:
+    ckpt: str | None = None  # a run directory (newest valid checkpoint) or a checkpoint directory
+    out: str | None = None  # a new (or empty) directory for the Hugging Face files
+    arch: str | None = None  # llama | gpt2 | bert | t5 (null = the one that expresses the model)
 
 
 @dataclass

@@ -12,6 +12,7 @@ from blocklab.config.schema import (
     DATA_FORMATS,
     DOCUMENT_SPLITS,
     FILLERS,
+    GELU_FORMS,
     LONG_DOCUMENTS,
     MARKOV_MIN_FILLER,
     OPTIMIZERS,
@@ -93,13 +94,30 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
                     f"(max_distance={p.max_distance})")
     if m.norm.eps <= 0:
         raise _fail(f"{key}.norm.eps", m.norm.eps, "must be > 0")
+    if m.ffn.approximate not in GELU_FORMS:
+        raise _fail(f"{key}.ffn.approximate", m.ffn.approximate, f"one of {list(GELU_FORMS)}")
+    if m.attention.scale is not None and not (_finite(m.attention.scale)
+                                              and m.attention.scale > 0):
+        raise _fail(f"{key}.attention.scale", m.attention.scale,
+                    "must be null (1/sqrt(d_head)) or a finite number > 0")
+    if m.type_vocab_size < 0:
+        raise _fail(f"{key}.type_vocab_size", m.type_vocab_size, "must be >= 0 (0 = none)")
+    if not (_finite(m.head_scale) and m.head_scale > 0):
+        raise _fail(f"{key}.head_scale", m.head_scale, "must be a finite number > 0")
+    if (p.name == "rope" and p.scaling is RopeScaling.llama3
+            and not 0 < p.low_freq_factor < p.high_freq_factor):
+        raise _fail(f"{key}.position.low_freq_factor", p.low_freq_factor,
+                        f"llama3 scaling needs 0 < low_freq_factor < high_freq_factor="
+                        f"{p.high_freq_factor}")
     if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
         raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
     return m
 
 
 _ROPE_OPTIONS = ("base", "scaling", "factor", "original_max_seq_len", "yarn_beta_fast",
-                 "yarn_beta_slow")
+                 "yarn_beta_slow", "low_freq_factor", "high_freq_factor")
+# FFNs whose activation is a GELU (model.ffn.approximate applies to them)
+_GELU_FFNS = ("gelu_mlp", "geglu")
 _T5_OPTIONS = ("num_buckets", "max_distance")
 
 
@@ -118,9 +136,14 @@ def _validate_position_options(m: ModelConfig, data: DataConfig, key: str = "mod
                 _check(_name(value) == _name(getattr(default, o)), f"{key}.position.{o}",
                        value, f"a {owner} option: model.position.name={p.name!r} ignores it",
                        f"leave it at {_name(getattr(default, o))!r} or use model/position={owner}")
+    if m.ffn.name in registry.builtin_names("ffn") and m.ffn.name not in _GELU_FFNS:
+        _check(m.ffn.approximate == "none", f"{key}.ffn.approximate", m.ffn.approximate,
+               f"the GELU form: model.ffn.name={m.ffn.name!r} has no GELU",
+               f"leave it at 'none' or use one of {list(_GELU_FFNS)}")
     if p.name == "rope":
         _check(p.scaling is not RopeScaling.none or p.factor == 1.0, f"{key}.position.factor",
-               p.factor, "only used with position.scaling linear, ntk or yarn (scaling is none)",
+               p.factor, "only used with position.scaling linear, ntk, yarn or llama3 (scaling "
+               "is none)",
                "set model.position.scaling too, or leave factor at 1.0")
         _check(p.original_max_seq_len is None or p.original_max_seq_len >= 1,
                f"{key}.position.original_max_seq_len", p.original_max_seq_len,

@@ -101,12 +101,11 @@ def load_user_tokenizer(path: str | Path) -> tuple[Any, Specials, list[str]]:
     except Exception as e:  # tokenizers raises a bare Exception for malformed files
         raise ConfigError(f"config error: tokenizer.path={str(path)!r}: not a tokenizers JSON "
                           f"file ({str(e).splitlines()[0]})") from None
-    named = _declared_specials(file.parent) if p.is_dir() else {}
-    found: dict[str, int | None] = {}
-    for role, names in _NAMES.items():
-        candidates = ([named[role]] if named.get(role) else []) + list(names)
-        found[role] = next((tok.token_to_id(n) for n in candidates
-                            if tok.token_to_id(n) is not None), None)
+    fixed = file.parent / "blocklab_specials.json"
+    if fixed.is_file():  # written by blocklab (init_from, imports): the ids as they are
+        tok.encode_special_tokens = True
+        return tok, Specials(**json.loads(fixed.read_text())), []
+    found = find_specials(tok, file.parent if p.is_dir() else None)
     missing = [role for role, i in found.items() if i is None]
     notes = []
     if missing:
@@ -118,6 +117,19 @@ def load_user_tokenizer(path: str | Path) -> tuple[Any, Specials, list[str]]:
                      + f" ({file} names no {'/'.join(missing)} token)")
     tok.encode_special_tokens = True
     return tok, Specials(**found), notes
+
+
+def find_specials(tok: Any, directory: Path | None) -> dict[str, int | None]:
+    """Ids of the pad / bos / eos / mask tokens of ``tok`` (a ``tokenizers.Tokenizer``): the
+    ones ``directory`` (a Hugging Face tokenizer directory) declares, else the usual names;
+    None where there is none."""
+    named = _declared_specials(directory) if directory is not None else {}
+    found: dict[str, int | None] = {}
+    for role, names in _NAMES.items():
+        candidates = ([named[role]] if named.get(role) else []) + list(names)
+        found[role] = next((tok.token_to_id(n) for n in candidates
+                            if tok.token_to_id(n) is not None), None)
+    return found
 
 
 def _declared_specials(directory: Path) -> dict[str, str]:

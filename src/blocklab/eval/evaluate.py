@@ -66,9 +66,9 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
     from blocklab.runlock import run_lock, writable_dir
 
     path = ckpt.resolve(target)
+    stored = path / ckpt.META  # the metadata without unpickling the state
+    meta = json.loads(stored.read_text()) if stored.is_file() else ckpt.metadata(path)
     if spec.enabled:
-        stored = path / ckpt.META  # the metadata without unpickling the state
-        meta = json.loads(stored.read_text()) if stored.is_file() else ckpt.metadata(path)
         validate_run_probe_spec(spec, stored_train_config(meta))
     run_dir = path.parent.parent
     if out is not None:
@@ -76,8 +76,12 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
     else:
         owner = run_lock(writable_dir(run_dir, "run directory"), "eval")
     with owner:
-        result = validation_loss(path, batches=val_batches, batch_size=batch_size,
-                                 out_dir=out)
+        if meta.get("imported"):  # a pretrained model: no training data to validate on
+            result = {"checkpoint": str(path), "step": meta["step"], "val_loss": None,
+                      "val_targets": 0, "arch_hash": meta["arch_hash"]}
+        else:
+            result = validation_loss(path, batches=val_batches, batch_size=batch_size,
+                                     out_dir=out)
         probes = (probe_checkpoint(path, spec, out=probe_out(out, spec)) if spec.enabled
                   else None)
     return result, probes
@@ -103,7 +107,8 @@ def probe_keys(meta: dict[str, Any], spec, *, step: int, checkpoint: str | None)
             "spec_hash": spec_hash(spec)}
 
 
-def probe_builder(spec, tc: TrainConfig, tokenizer_json: str, specials=None):
+def probe_builder(spec, tc: TrainConfig, tokenizer_json: str, specials=None, *,
+                  add_bos: bool = True):
     """(builder, decode) for a blocklab run: token space for the synthetic vocabulary, text
     space for a real tokenizer (``spec.space`` may force either; the text builder begins
     every prompt with the tokenizer's own BOS)."""
@@ -124,7 +129,8 @@ def probe_builder(spec, tc: TrainConfig, tokenizer_json: str, specials=None):
     if synthetic:
         raise ConfigError("config error: probes.space='text': this run's tokenizer is the "
                           "synthetic vocabulary; use probes.space=token (or auto)")
-    bos = (specials or BLOCKLAB_SPECIALS).bos
+    # an imported tokenizer that never starts plain text with BOS gets none (as in HF)
+    bos = (specials or BLOCKLAB_SPECIALS).bos if add_bos else None
     text_tok = TextTokenizer.from_tokenizers(tok, bos=bos, name=tc.tokenizer.name.value)
     return TextBuilder(text_tok, spec), text_tok.decode
 
@@ -138,7 +144,8 @@ def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], s
     from blocklab.objectives import build_objective
 
     specials = Specials.from_dict(meta.get("specials"))
-    builder, decode = probe_builder(spec, tc, meta["tokenizer"], specials)
+    builder, decode = probe_builder(spec, tc, meta["tokenizer"], specials,
+                                    add_bos=meta.get("text_bos", True))
     # Probe items are scored one per row (never packed), in the run's own batch format.
     objective = build_objective(tc.model.family.name,
                                 dataclasses.replace(tc.data, packing=False), specials)
@@ -147,10 +154,19 @@ def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], s
     model.eval()
     try:
         return run_spec(BlocklabBackend(model, objective), spec, builder=builder,
-                        train_length=spec.train_length or tc.data.seq_len, keys=keys,
+                        train_length=spec.train_length or train_length(meta, tc), keys=keys,
                         out_dir=out_dir, decode=decode, log=log, plots=plots)
     finally:
         model.train(was_training)
+
+
+def train_length(meta: dict[str, Any], tc: TrainConfig) -> int:
+    """The length probe lengths are multiples of: the run's training length; for an imported
+    model (trained elsewhere) 512, as for a Hugging Face model probed directly."""
+    return HF_TRAIN_LENGTH if meta.get("imported") else tc.data.seq_len
+
+
+HF_TRAIN_LENGTH = 512
 
 
 def probe_dir(run_dir: Path, checkpoint_name: str, spec) -> Path:
@@ -184,7 +200,7 @@ def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,
     validate_probe_spec(spec, "probes", synthetic=False)  # a real tokenizer: text space
     check_hf_model(model_dir, gguf_file=gguf_file)  # one line, before anything is loaded
     if not spec.train_length:  # the reference length that lengths are multiples of
-        spec.train_length = 512
+        spec.train_length = HF_TRAIN_LENGTH
     model, hf_tok = load_hf_causal_lm(model_dir, gguf_file=gguf_file)
     name = Path(gguf_file or model_dir).stem
     text_tok = TextTokenizer.from_hf(hf_tok, name=name)

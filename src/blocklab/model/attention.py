@@ -96,6 +96,7 @@ class _Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
         self.dropout = cfg.dropout
+        self.scale = cfg.scale  # None = 1/sqrt(d_head)
         self.out = nn.Linear(n_heads * d_head, d_model, bias=cfg.bias)
 
     @staticmethod
@@ -108,7 +109,8 @@ class _Attention(nn.Module):
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, visibility: Visibility) -> Tensor:
         o = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.n_kv_heads != self.n_heads, **visibility.sdpa_kwargs(),
+            enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale,
+            **visibility.sdpa_kwargs(),
         )  # (B, H, Tq, D)
         return self.out(_merge(o))  # (B, Tq, d)
 

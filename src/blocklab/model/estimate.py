@@ -39,15 +39,18 @@ def _position(m: ModelConfig) -> int:
 def _stack(m: ModelConfig, n_layers: int, *, cross: bool) -> int:
     """Position scheme + blocks + the final norm of placements that have one."""
     block = lookup("block", m.block.name)
-    final = params_of(lookup("norm", m.norm.name), m.norm, m.d_model) if block.final_norm else 0
-    return _position(m) + n_layers * block.param_count(m, cross=cross) + final
+    norm = params_of(lookup("norm", m.norm.name), m.norm, m.d_model)
+    final = norm if block.final_norm else 0
+    embed_norm = norm if m.embed_norm else 0
+    return _position(m) + embed_norm + n_layers * block.param_count(m, cross=cross) + final
 
 
 def count_params(m: ModelConfig) -> int:
     """Exact parameter count (shared tensors counted once)."""
     family = lookup("family", m.family.name)
     stacks = sum(_stack(m, n, cross=cross) for n, cross in family.stacks(m))
-    return m.vocab_size * m.d_model + stacks + family.head_param_count(m)
+    types = m.type_vocab_size * m.d_model
+    return m.vocab_size * m.d_model + types + stacks + family.head_param_count(m)
 
 
 def matmul_params(m: ModelConfig) -> int:
@@ -55,7 +58,8 @@ def matmul_params(m: ModelConfig) -> int:
     position tables, with the output projection counted once even when tied."""
     family = lookup("family", m.family.name)
     n_stacks = len(family.stacks(m))
-    embed_and_head = m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+    embed_and_head = (m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+                      + m.type_vocab_size * m.d_model)
     return count_params(m) - embed_and_head - n_stacks * _position(m) + m.vocab_size * m.d_model
 
 

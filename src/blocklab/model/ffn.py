@@ -8,20 +8,30 @@ asks it; see docs/extending.md).
 
 from __future__ import annotations
 
+import functools
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import FFNConfig
 
 
+def gelu(approximate: str):
+    """GELU in the form ``approximate`` names: "none" (exact erf, BERT) or "tanh" (GPT-2's
+    gelu_new, T5 v1.1). "Gaussian Error Linear Units", arXiv 1606.08415."""
+    return functools.partial(F.gelu, approximate=approximate)
+
+
 class MLP(nn.Module):
     """``W2 · act(W1 · x)``: the original Transformer FFN (ReLU, arXiv 1706.03762) or GPT/BERT's
-    GELU variant ("Gaussian Error Linear Units", arXiv 1606.08415; exact erf form)."""
+    GELU variant (``ffn.approximate``: exact erf or tanh form)."""
 
     act = staticmethod(F.gelu)
 
     def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()
+        if type(self).act is F.gelu:
+            self.act = gelu(cfg.approximate)
         self.up = nn.Linear(d_model, d_ff, bias=cfg.bias)
         self.down = nn.Linear(d_ff, d_model, bias=cfg.bias)
 
@@ -50,6 +60,8 @@ class GatedMLP(nn.Module):
 
     def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()
+        if type(self).act is F.gelu:
+            self.act = gelu(cfg.approximate)
         self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=cfg.bias)
         self.down = nn.Linear(d_ff, d_model, bias=cfg.bias)
 

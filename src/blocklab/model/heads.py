@@ -19,8 +19,11 @@ class LMHead(nn.Module):
         self.proj = nn.Linear(m.d_model, m.vocab_size, bias=False)
         if m.tie_embeddings:
             self.proj.weight = embedding.weight  # one Parameter, two names
+        self.scale = m.head_scale  # T5 with a tied head: d_model^-0.5
 
     def forward(self, h: Tensor) -> Tensor:
+        if self.scale != 1.0:
+            h = h * self.scale
         return self.proj(h)  # (B, T, V)
 
     @staticmethod
@@ -38,9 +41,12 @@ class MLMHead(LMHead):
         self.dense = nn.Linear(m.d_model, m.d_model)
         self.norm = lookup("norm", m.norm.name)(m.norm, m.d_model)
         self.bias = nn.Parameter(embedding.weight.new_zeros(m.vocab_size))
+        self.approximate = m.ffn.approximate  # the model's GELU form
 
     def forward(self, h: Tensor) -> Tensor:
-        h = self.norm(F.gelu(self.dense(h)))
+        h = self.norm(F.gelu(self.dense(h), approximate=self.approximate))
+        if self.scale != 1.0:
+            h = h * self.scale
         return F.linear(h, self.proj.weight, self.bias)  # (B, T, V)
 
     @staticmethod

@@ -189,7 +189,10 @@ def rope_inv_freq(cfg: PositionConfig, d_head: int, max_seq_len: int) -> tuple[T
     - ntk: base raised to base · factor^(d/(d-2)) ("NTK-aware scaled RoPE", bloc97, 2023);
     - yarn: per-frequency blend of interpolation and extrapolation with a ramp between
       ``beta_fast`` and ``beta_slow`` rotations, and attention factor 0.1·ln(factor) + 1
-      ("YaRN", arXiv 2309.00071).
+      ("YaRN", arXiv 2309.00071);
+    - llama3: wavelengths above ``original / low_freq_factor`` interpolated by ``factor``,
+      those below ``original / high_freq_factor`` kept, a linear blend in between (Llama 3.1's
+      rope scaling, "The Llama 3 Herd of Models", arXiv 2407.21783).
     """
     dims = torch.arange(0, d_head, 2, dtype=torch.float64) / d_head
     base, factor = cfg.base, cfg.factor
@@ -212,6 +215,12 @@ def rope_inv_freq(cfg: PositionConfig, d_head: int, max_seq_len: int) -> tuple[T
         extrapolate = 1 - ramp  # 1 for high-frequency dims (kept), 0 for low-frequency ones
         inv_freq = (inv_freq / factor) * (1 - extrapolate) + inv_freq * extrapolate
         attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    elif cfg.scaling is RopeScaling.llama3:
+        original = cfg.original_max_seq_len or max_seq_len
+        low, high = cfg.low_freq_factor, cfg.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        smooth = ((original / wavelen - low) / (high - low)).clamp(0, 1)  # 0 long, 1 short
+        inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     return inv_freq.float(), attention_factor
 
 

@@ -59,6 +59,7 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(block(m, i, cross=cross) for i in range(n_layers))
         norm = lookup("norm", m.norm.name)
         self.final_norm = norm(m.norm, m.d_model) if block.final_norm else nn.Identity()
+        self.embed_norm = norm(m.norm, m.d_model) if m.embed_norm else nn.Identity()
         self.drop = nn.Dropout(m.dropout) if m.dropout else nn.Identity()
 
     def forward(self, x: Tensor, *, positions: Tensor, valid: Tensor | None = None,
@@ -66,7 +67,7 @@ class Stack(nn.Module):
                 memory: Tensor | None = None, memory_valid: Tensor | None = None,
                 memory_segments: Tensor | None = None) -> Tensor:
         """x: (B, T, d) token embeddings -> (B, T, d) hidden states."""
-        x = self.drop(self.position.embed(x, positions))
+        x = self.drop(self.embed_norm(self.position.embed(x, positions)))
         k_positions, k_valid = positions, valid
         if cache is not None:
             if segments is not None:
@@ -100,6 +101,20 @@ class Model(nn.Module):
         super().__init__()
         self.config = m
         self.embed = nn.Embedding(m.vocab_size, m.d_model)
+        # token-type ("segment A/B") embeddings, BERT; type 0 when the caller gives none
+        self.token_type = nn.Embedding(m.type_vocab_size, m.d_model) if m.type_vocab_size else None
+
+    def embed_tokens(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:
+        """(B, T) ids -> (B, T, d): token embeddings plus token-type embeddings when the model
+        has them (``token_types`` (B, T) ints; None = type 0 everywhere)."""
+        x = self.embed(ids)
+        if self.token_type is not None:
+            x = x + (self.token_type(token_types) if token_types is not None
+                     else self.token_type.weight[0])
+        elif token_types is not None:
+            raise TypeError("token_types given, but this model has no token-type embeddings "
+                            "(model.type_vocab_size=0)")
+        return x
 
     def init_weights(self) -> None:
         """GPT-2 init: N(0, init_std) for weights, zero biases, unit norms, and residual output
@@ -163,15 +178,16 @@ class DecoderModel(Model):
 
     def forward(self, input_ids: Tensor, *, valid: Tensor | None = None,
                 positions: Tensor | None = None, segments: Tensor | None = None,
-                cache: KVCache | None = None, select: Tensor | None = None) -> Tensor:
+                cache: KVCache | None = None, select: Tensor | None = None,
+                token_types: Tensor | None = None) -> Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits; with ``select`` (B, T) bool, only
         the (N, V) logits of the selected positions, in row-major order (probes score a few
         answer positions of long sequences without materialising every vocabulary row). With a
         ``cache`` and no ``positions``, positions continue after what the cache holds."""
         if positions is None:
             positions = default_positions(input_ids, valid, segments, cache)
-        h = self.decoder(self.embed(input_ids), positions=positions, valid=valid,
-                         segments=segments, cache=cache)
+        h = self.decoder(self.embed_tokens(input_ids, token_types), positions=positions,
+                         valid=valid, segments=segments, cache=cache)
         return self.head(h if select is None else h[select])
 
     def prepare(self, *, source_ids: Tensor | None = None,
@@ -204,13 +220,13 @@ class EncoderModel(Model):
 
     def forward(self, input_ids: Tensor, *, valid: Tensor | None = None,
                 positions: Tensor | None = None, segments: Tensor | None = None,
-                select: Tensor | None = None) -> Tensor:
+                select: Tensor | None = None, token_types: Tensor | None = None) -> Tensor:
         """(B, T) token ids (some replaced by a mask token) -> (B, T, V) logits (or the (N, V)
         rows of ``select``, as for the decoder)."""
         if positions is None:
             positions = default_positions(input_ids, valid, segments)
-        h = self.encoder(self.embed(input_ids), positions=positions, valid=valid,
-                         segments=segments)
+        h = self.encoder(self.embed_tokens(input_ids, token_types), positions=positions,
+                         valid=valid, segments=segments)
         return self.head(h if select is None else h[select])
 
     def new_cache(self, *a: object, **kw: object) -> KVCache:
@@ -246,7 +262,7 @@ class EncoderDecoderModel(Model):
                source_segments: Tensor | None = None) -> Tensor:
         if source_positions is None:
             source_positions = default_positions(source_ids, source_valid, source_segments)
-        return self.encoder(self.embed(source_ids), positions=source_positions,
+        return self.encoder(self.embed_tokens(source_ids), positions=source_positions,
                             valid=source_valid, segments=source_segments)
 
     def forward(self, source_ids: Tensor | None, target_ids: Tensor, *,
@@ -267,7 +283,7 @@ class EncoderDecoderModel(Model):
                                  source_segments=source_segments)
         if positions is None:
             positions = default_positions(target_ids, valid, segments, cache)
-        h = self.decoder(self.embed(target_ids), positions=positions, valid=valid,
+        h = self.decoder(self.embed_tokens(target_ids), positions=positions, valid=valid,
                          segments=segments, cache=cache, memory=memory,
                          memory_valid=source_valid, memory_segments=source_segments)
         return self.head(h if select is None else h[select])

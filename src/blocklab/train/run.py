@@ -94,6 +94,11 @@ def _loggers(tc: TrainConfig, run_dir: Path) -> list:
 
 def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
     """Run a training job from a composed ``train`` config; return the run directory."""
+    init = None
+    if cfg.get("init_from"):  # the architecture (and tokenizer) come from the source
+        from blocklab.train.init import apply_init_from
+
+        init = apply_init_from(cfg, overrides or [])
     tc = validate_train(to_train_config(cfg))  # every key, before anything is written
     resume_from, old = None, None
     if tc.resume:
@@ -114,20 +119,24 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         tc.model.vocab_size = vocab
         with open_dict(cfg):
             cfg.model.vocab_size = vocab
+    if init is not None:
+        from blocklab.train.init import check_tokenizer
+
+        check_tokenizer(init, streams.tokenizer, streams.specials.to_dict())
     if tc.model.vocab_size < vocab:
         raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
                           f"the tokenizer's vocabulary ({vocab})")
     if ddp_child():  # rank 0 owns the directory and has written everything
-        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides)
+        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init)
     writable_dir(run_dir, "run directory")  # the first write, once everything above is valid
     with run_lock(run_dir, "resume" if resume_from else "train"):
         if resume_from is None:
             refuse_fresh_run_over_checkpoints(run_dir)
-        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides)
+        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init)
 
 
 def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_from: Path | None,
-            old: dict[str, Any] | None, overrides: list[str] | None) -> Path:
+            old: dict[str, Any] | None, overrides: list[str] | None, init=None) -> Path:
     """Check a resume against its checkpoint, write the run's files (rank 0), and fit."""
     from blocklab.model.estimate import count_params
 
@@ -149,10 +158,13 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_fro
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "params": count_params(tc.model), "config_hash": config_hash(plain),
     }
+    if init is not None:
+        meta["init_from"] = init.info
     if not ddp_child():
         _write_run_files(run_dir, meta, old)
     try:
-        return _fit(tc, run_dir, meta, streams, resume_from)
+        return _fit(tc, run_dir, meta, streams, resume_from,
+                    init.state if init is not None and resume_from is None else None)
     finally:
         os.environ.pop("BLOCKLAB_RUN_DIR", None)
         _close_process_group()
@@ -192,7 +204,7 @@ def ddp_child() -> bool:
 
 
 def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
-         resume_from: Path | None) -> Path:
+         resume_from: Path | None, init_state: dict[str, Any] | None = None) -> Path:
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -211,6 +223,8 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     flops = estimate(tc.model, seq_len=tc.data.seq_len).train_flops_per_token
     lit = LitModel(tc, meta=meta, flops_per_token=flops,
                    peak_flops=t.peak_flops or (measure_peak_flops() if t.accelerator == "cpu" else 0))
+    if init_state is not None:  # pretrained weights; the optimizer starts fresh
+        lit.model.load_state_dict(init_state, strict=True)
     if t.compile:
         lit.model.compile()  # in place: state_dict keys stay those of the eager model
     data = BlocklabData(streams.train, streams.val, lit.objective.collate,
