@@ -117,9 +117,22 @@ class Objective:
         """Greedy continuation of each prompt (ragged token lists) by ``max_new_tokens``."""
         raise NotImplementedError
 
+    #: Whether :meth:`score_prefix` scores several answers from one run of the prompt.
+    shares_prefix = False
+
     def token_nll(self, model: torch.nn.Module, windows: Tensor) -> Tensor:
         """(B, T) windows -> (B, T-1) next-token negative log-likelihoods (causal LMs)."""
         raise ValueError(f"perplexity needs a causal LM objective, not {type(self).__name__}")
+
+
+def _continuations(answers: list[list[int]], pad: int) -> Tensor:
+    """Each answer but its last token, right-padded to a (K, L) batch (pads come after every
+    real token: causal queries never see them)."""
+    width = max(len(a) for a in answers) - 1
+    ids = torch.full((len(answers), width), pad, dtype=torch.long)
+    for k, a in enumerate(answers):
+        ids[k, : len(a) - 1] = torch.tensor(a[:-1], dtype=torch.long)
+    return ids
 
 
 class CausalLM(Objective):
@@ -168,7 +181,56 @@ class CausalLM(Objective):
         from blocklab.model.generate import generate
 
         ids, valid = pad_rows(prompts, left=True, pad=self.specials.pad)
-        return generate(model, ids, valid=valid, max_new_tokens=max_new_tokens).tolist()
+        return generate(model, ids, valid=valid, max_new_tokens=max_new_tokens,
+                        eos_id=self.specials.eos).tolist()
+
+    shares_prefix = True
+
+    def score_prefix(self, model: torch.nn.Module, prompts: list[list[int]],
+                     answer_sets: list[list[list[int]]], max_new_tokens: int
+                     ) -> list[tuple[list[Tensor], list[int]]]:
+        """Prompts with several answers each: the prompts run once, left-padded into one KV
+        cache; every answer is scored from a copy of its prompt's rows in one batched forward,
+        and the greedy continuation (as :meth:`greedy`) decodes from the same cache. Returns,
+        per prompt, each answer's (len, V) log-probs and the ``max_new_tokens`` greedy tokens."""
+        from blocklab.model.position import positions_from_valid
+
+        b, eos = len(prompts), self.specials.eos
+        ids, valid = pad_rows(prompts, left=True, pad=self.specials.pad)
+        t = ids.shape[1]
+        longest = max(len(a) for answers in answer_sets for a in answers)
+        cache = model.new_cache(b, t + max(longest, max_new_tokens))
+        last = torch.zeros_like(ids, dtype=torch.bool)
+        last[:, -1] = True  # left padding: every row ends in the last column
+        padded = not bool(valid.all())
+        first = model(ids, valid=valid if padded else None, positions=positions_from_valid(valid),
+                      cache=cache, select=last).float()  # (B, V)
+        first_lp = first.log_softmax(-1)
+        after = valid.long().sum(-1)  # (B,) each row's next position
+        out = [[first_lp[i: i + 1]] * len(answers) for i, answers in enumerate(answer_sets)]
+        if longest > 1:
+            rows = torch.tensor([i for i, answers in enumerate(answer_sets) for _ in answers])
+            flat = [a for answers in answer_sets for a in answers]
+            cont = _continuations(flat, self.specials.pad)  # (N, L)
+            positions = after[rows][:, None] + torch.arange(cont.shape[1])
+            rest = model(cont, positions=positions, cache=cache.select(rows))
+            rest = rest.float().log_softmax(-1)  # (N, L, V)
+            k = 0
+            for i, answers in enumerate(answer_sets):
+                out[i] = [torch.cat((first_lp[i: i + 1], rest[k + j, : len(a) - 1]))
+                          for j, a in enumerate(answers)]
+                k += len(answers)
+        tokens = torch.full((b, max_new_tokens), eos, dtype=torch.long)
+        token, done = first.argmax(-1), torch.zeros(b, dtype=torch.bool)
+        for i in range(max_new_tokens):
+            token = token.where(~done, eos)
+            done |= token == eos
+            tokens[:, i] = token
+            if i == max_new_tokens - 1 or bool(done.all()):
+                break
+            step = model(token[:, None], positions=(after + i)[:, None], cache=cache)
+            token = step[:, -1].argmax(-1)
+        return [(out[i], tokens[i].tolist()) for i in range(b)]
 
     def token_nll(self, model: torch.nn.Module, windows: Tensor) -> Tensor:
         logits = model(windows[:, :-1]).float()

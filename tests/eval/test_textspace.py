@@ -97,3 +97,45 @@ def test_every_family_runs_text_probes_end_to_end(tok, family, tmp_path):
     assert any(c["probe"] == "perplexity" for c in r.cells) == (family == "decoder")
     assert "generated" in r.examples[0]
     assert (tmp_path / "p" / "niah.png").exists()
+
+
+@pytest.mark.parametrize("position", ["rope", "learned", "alibi"])
+def test_scoring_from_a_shared_prefix_equals_one_pass_per_candidate(tok, position):
+    """Each prompt run once into a KV cache, gold and every other answer scored from copies of
+    it and the greedy continuation decoded from it, gives every per-example score of the
+    reference path (one teacher-forced pass for the gold answers, one per other candidate, a
+    separate generation) — on multi-token text answers."""
+    from blocklab.eval.scoring import score_items
+
+    m = ModelConfig(vocab_size=600, max_seq_len=512, n_layers=2)
+    m.position.name = position
+    model = build_model(m).eval()
+    s = spec()
+    s.text.max_new_tokens = 5
+    b = TextBuilder(tok, s)
+    items = [it for c in b.needle_cells(s, 128, None) + b.litm_cells(s, None)
+             for it in c.items][:24]
+    assert any(len(it.answer) > 1 for it in items) and any(len(it.candidates) > 1 for it in items)
+    shared = BlocklabBackend(model)
+    assert shared.shares_prefix
+    reference = BlocklabBackend(model)
+    fast = score_items(shared, items, batch_size=8, decode=tok.decode, max_new_tokens=5)
+    slow = score_items(_Unshared(reference), items, batch_size=8, decode=tok.decode,
+                       max_new_tokens=5)
+    assert len(fast) == len(slow) == len(items)
+    for f, r in zip(fast, slow):
+        assert abs(f["logprob"] - r["logprob"]) < 1e-4 and abs(f["margin"] - r["margin"]) < 1e-4
+        assert (f["argmax"], f["exact"], f["rank"], f["any_value"], f["generated"]) == \
+            (r["argmax"], r["exact"], r["rank"], r["any_value"], r["generated"])
+
+
+class _Unshared:
+    """A backend without the shared-prefix path (the reference)."""
+
+    shares_prefix = False
+
+    def __init__(self, backend):
+        self.b = backend
+
+    def __getattr__(self, name):
+        return getattr(self.b, name)

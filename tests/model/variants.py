@@ -2,7 +2,8 @@
 
 Every family × position scheme (rope once per scaling variant) × head layout is covered in
 full; norm kind, placement and FFN rotate through that product so each of their values meets
-every family, position and head layout's neighbours many times.
+every family, position and head layout's neighbours many times, and so do the options imported
+models need (tanh GELU, embedding norm, token types, unscaled scores, head scale).
 """
 
 from __future__ import annotations
@@ -41,10 +42,14 @@ def tiny(family: str = "decoder", position: PositionConfig | None = None,
         norm=NormConfig(name=norm, bias=style % 2 == 0),
         block=BlockConfig(name=block),
         position=position or PositionConfig(),
-        ffn=FFNConfig(name=ffn, bias=style % 3 != 0),
+        ffn=FFNConfig(name=ffn, bias=style % 3 != 0,
+                      approximate="tanh" if ffn in ("gelu_mlp", "geglu") and style % 2 else "none"),
         attention=AttentionConfig(name=attention, n_kv_heads=ATTENTIONS[attention],
-                                  bias=style % 2 == 1),
+                                  bias=style % 2 == 1, scale=1.0 if style % 6 == 3 else None),
         tie_embeddings=style % 2 == 0,
+        # the options imported models need, rotating through the grid too
+        embed_norm=style % 4 == 1, type_vocab_size=2 if style % 5 == 2 else 0,
+        head_scale=0.5 if style % 7 == 4 else 1.0,
         **kw,
     )
 

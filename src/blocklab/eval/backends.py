@@ -8,7 +8,11 @@ causal LM gets the same interface in :mod:`blocklab.eval.hf`):
   family has one);
 - ``token_nll(windows)``: per-token negative log-likelihood (causal LMs only,
   ``supports_perplexity``);
-- ``max_length()``: the longest input the position scheme can index (``None`` = any).
+- ``max_length()``: the longest input the position scheme can index (``None`` = any);
+- optionally ``shares_prefix`` and ``score_from_prefix(prompts, answer_sets, n)``: every answer
+  of a prompt (gold and the in-context alternatives) scored from one KV-cached run of the
+  prompt, plus the greedy continuation from the same cache — one prompt pass per item instead
+  of one per candidate.
 
 A blocklab model is scored through its run's own objective (objectives.py): the batch format,
 shift and masking are the ones it was trained with, and nothing here names a family.
@@ -59,6 +63,18 @@ class BlocklabBackend:
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         return self.objective.greedy(self.model, prompts, max_new_tokens)
+
+    @property
+    def shares_prefix(self) -> bool:
+        """Whether :meth:`score_from_prefix` is available (causal LMs: one KV-cached prompt)."""
+        return (getattr(self.objective, "shares_prefix", False)
+                and callable(getattr(self.model, "new_cache", None)))
+
+    def score_from_prefix(self, prompts: list[list[int]], answer_sets: list[list[list[int]]],
+                          max_new_tokens: int) -> list[tuple[list[Tensor], list[int]]]:
+        """Per prompt: each of its answers' (len, V) log-probs and a greedy continuation of
+        ``max_new_tokens``, from one run of the prompt (objective.score_prefix)."""
+        return self.objective.score_prefix(self.model, prompts, answer_sets, max_new_tokens)
 
     def token_nll(self, windows: Tensor) -> Tensor:
         return self.objective.token_nll(self.model, windows)

@@ -44,8 +44,16 @@ def _teacher_forced(backend, items: list[ProbeItem]) -> dict[str, Any]:
     """Gold log-prob, argmax correctness, first-token rank, copy-any-value hit and margin over
     the best other in-context answer (tensors over the batch) from one teacher-forced pass,
     and ``width``, the padded answer length."""
-    prompts, answers = [it.prompt for it in items], [it.answer for it in items]
-    logp, mask = backend.answer_logprobs(prompts, answers)
+    logp, mask = backend.answer_logprobs([it.prompt for it in items], [it.answer for it in items])
+    return _stats(items, logp, mask, lambda first: _best_other(backend, items, first))
+
+
+def _stats(items: list[ProbeItem], logp: torch.Tensor, mask: torch.Tensor, best_other
+           ) -> dict[str, Any]:
+    """The per-example statistics from the gold answers' log-distributions ``logp`` (B, A, V)
+    with ``mask`` (B, A); ``best_other(first)`` gives the best other in-context answer's
+    log-prob per example."""
+    answers = [it.answer for it in items]
     b, a = mask.shape
     gold = torch.zeros((b, a), dtype=torch.long)
     for i, ans in enumerate(answers):
@@ -63,18 +71,45 @@ def _teacher_forced(backend, items: list[ProbeItem]) -> dict[str, Any]:
     return {"width": a, "logprob": gold_lp, "argmax": ((pred == gold) | ~mask).all(-1),
             "rank": (first > first.gather(-1, gold[:, :1])).sum(-1) + 1,
             "any_value": (cand_first == pred[:, :1]).any(-1),
-            "margin": gold_lp - _best_other(backend, items, first)}
+            "margin": gold_lp - best_other(first)}
+
+
+def _from_prefix(backend, items: list[ProbeItem], n_new: int | None
+                 ) -> tuple[dict[str, Any], list[list[int]] | None]:
+    """The same statistics (and greedy generations when ``n_new``) with each prompt run once:
+    gold and other answers are scored from its KV cache (backend.score_from_prefix)."""
+    others = [[c for j, c in enumerate(it.candidates) if j != it.gold] for it in items]
+    results = backend.score_from_prefix([it.prompt for it in items],
+                                        [[it.answer, *o] for it, o in zip(items, others)],
+                                        n_new or 0)
+    width = max(len(it.answer) for it in items)
+    logp = torch.zeros(len(items), width, results[0][0][0].shape[-1])
+    mask = torch.zeros(len(items), width, dtype=torch.bool)
+    best = torch.full((len(items),), -math.inf)
+    for i, (it, (lps, _)) in enumerate(zip(items, results)):
+        logp[i, : len(it.answer)] = lps[0]
+        mask[i, : len(it.answer)] = True
+        for lp, c in zip(lps[1:], others[i]):
+            best[i] = max(best[i], lp.gather(-1, torch.tensor(c)[:, None]).sum())
+    generated = [g for _, g in results] if n_new else None
+    return _stats(items, logp, mask, lambda first: best), generated
 
 
 def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> list[dict[str, Any]]:
-    s = _teacher_forced(backend, items)
-    a = s["width"]
-    if decode is None and a == 1:
-        # One-token answers: the first greedy token *is* the argmax of this distribution (the
-        # KV-cached generation path is checked to agree in tests), so no second pass.
-        exact, generated = s["argmax"].tolist(), None
+    width = max(len(it.answer) for it in items)
+    # One-token answers without text: the first greedy token *is* the argmax of this
+    # distribution (the KV-cached generation path is checked to agree in tests), so no greedy.
+    needs_greedy = not (decode is None and width == 1)
+    if getattr(backend, "shares_prefix", False):
+        s, generated = _from_prefix(backend, items, (max_new_tokens or width) if needs_greedy
+                                    else None)
     else:
-        generated = backend.greedy([it.prompt for it in items], max_new_tokens or a)
+        s = _teacher_forced(backend, items)
+        generated = (backend.greedy([it.prompt for it in items], max_new_tokens or width)
+                     if needs_greedy else None)
+    if generated is None:
+        exact = s["argmax"].tolist()
+    else:
         exact = []
         for it, g in zip(items, generated):
             if decode is not None and it.answer_text is not None:

@@ -79,6 +79,19 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def select(self, rows: Tensor) -> KVCache:
+        """A new cache whose row ``j`` is a copy of row ``rows[j]`` of this one (rows may repeat),
+        so several continuations of each prefix run from one prefill."""
+        new = KVCache.__new__(KVCache)
+        new.k, new.v = self.k.index_select(1, rows), self.v.index_select(1, rows)
+        new._k, new._v = new.k.unbind(0), new.v.unbind(0)
+        new.positions = self.positions.index_select(0, rows)
+        new.valid = self.valid.index_select(0, rows)
+        new.has_padding, new.length = self.has_padding, self.length
+        new.cross = [None if kv is None else tuple(t.index_select(0, rows) for t in kv)
+                     for kv in self.cross]
+        return new
+
 
 def _heads(x: Tensor, n: int) -> Tensor:
     b, t, _ = x.shape

