@@ -81,8 +81,7 @@ def speed(directory: str, gguf: str, imported: Path, work: Path) -> dict:
 def rope(imported: Path, work: Path, length: int, n: int) -> list[dict]:
     """Needle accuracy at 1x and 2x of ``length`` with rope scaling applied at load time."""
     from blocklab import checkpoint as ckpt
-    from blocklab.config import LitmProbeConfig, NeedleProbeConfig, PerplexityProbeConfig, \
-        ProbeSpec
+    from blocklab.config import LitmProbeConfig, NeedleProbeConfig, PerplexityProbeConfig, ProbeSpec
     from blocklab.eval.aggregate import wilson_interval
     from blocklab.eval.evaluate import probe_model, stored_train_config
     from blocklab.model import build_model

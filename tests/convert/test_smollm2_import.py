@@ -89,6 +89,7 @@ def test_blocklab_eval_runs_text_probes_on_the_import(smol, tmp_path):
     assert "imported (no training data" in e.stdout
     import csv
 
-    rows = list(csv.DictReader(open(next((tmp_path / "eval").glob("text-*")) / "examples.csv")))
+    with open(next((tmp_path / "eval").glob("text-*")) / "examples.csv") as f:
+        rows = list(csv.DictReader(f))
     assert len([r for r in rows if r["probe"] == "needle"]) == 2
     assert all(r["exact"] == "True" for r in rows if r["probe"] == "needle"), rows
