@@ -91,5 +91,8 @@ def test_blocklab_eval_runs_text_probes_on_the_import(smol, tmp_path):
 
     with open(next((tmp_path / "eval").glob("text-*")) / "examples.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len([r for r in rows if r["probe"] == "needle"]) == 2
-    assert all(r["exact"] == "True" for r in rows if r["probe"] == "needle"), rows
+    needles = [r for r in rows if r["probe"] == "needle"]
+    assert len(needles) == 2
+    # a real model: the gold value beats the distractor's, and it retrieves at least one
+    assert all(float(r["margin"]) > 0 for r in needles), needles
+    assert any(r["exact"] == "True" for r in needles), needles
