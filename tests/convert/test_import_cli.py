@@ -142,6 +142,15 @@ def test_import_and_export_refuse_what_blocklab_cannot_express(tmp_path):
              tool="blocklab-import")
     assert ok.returncode == 0, ok.stderr[-2000:]
 
+    # a hub id with no network (the suite runs offline): one line, nothing written
+    hub = cli("from_hf=nobody-here/no-such-model", f"out={tmp_path / 'hub'}",
+              tool="blocklab-import", env={"HF_HUB_OFFLINE": "1"})
+    assert hub.returncode == 2
+    assert "not a local directory, and the hub download failed" in hub.stderr
+    assert not (tmp_path / "hub").exists()
+    missing = cli(f"from_hf={tmp_path}", tool="blocklab-import")
+    assert missing.returncode == 2 and "no config.json there" in missing.stderr
+
     # a blocklab-only variant: ALiBi + sandwich norm in a decoder has no HF equivalent
     run = tmp_path / "alibi"
     t = cli("experiment=smoke", "model=llama_tiny", "model/position=alibi", "model/block=sandwich",
