@@ -133,29 +133,30 @@ def test_import_and_export_refuse_what_blocklab_cannot_express(tmp_path):
         "'linear', 'llama3', 'yarn'] (ntk is blocklab's static form)")
     assert not (tmp_path / "x").exists()
 
+    # the same rules in process (the CLI's one-line reporting is shown above)
+    from blocklab.convert import import_model, read_pretrained
+    from blocklab.errors import ConfigError
+
     config["rope_parameters"] = {"rope_type": "default", "rope_theta": 5000.0}
     config["sliding_window"] = 4
     (src / "config.json").write_text(json.dumps(config))
-    r = cli(f"from_hf={src}", f"out={tmp_path / 'x'}", tool="blocklab-import")
-    assert r.returncode == 2 and "sliding_window=4: blocklab cannot express it" in r.stderr
-    ok = cli(f"from_hf={src}", f"out={tmp_path / 'x'}", "ignore_fields=[sliding_window]",
-             tool="blocklab-import")
-    assert ok.returncode == 0, ok.stderr[-2000:]
+    with pytest.raises(ConfigError, match="sliding_window=4: blocklab cannot express it"):
+        read_pretrained(str(src))
+    target = import_model(str(src), tmp_path / "x", ignore_fields=("sliding_window",),
+                          log=lambda *_: None)
+    meta = json.loads((target / "meta.json").read_text())
+    assert meta["imported"]["ignored_fields"] == ["sliding_window"]
 
-    # a hub id with no network (the suite runs offline): one line, nothing written
-    hub = cli("from_hf=nobody-here/no-such-model", f"out={tmp_path / 'hub'}",
-              tool="blocklab-import", env={"HF_HUB_OFFLINE": "1"})
-    assert hub.returncode == 2
-    assert "not a local directory, and the hub download failed" in hub.stderr
-    assert not (tmp_path / "hub").exists()
-    missing = cli(f"from_hf={tmp_path}", tool="blocklab-import")
-    assert missing.returncode == 2 and "no config.json there" in missing.stderr
+    # a hub id with no network (the suite runs offline), and a directory without config.json
+    with pytest.raises(ConfigError, match="not a local directory, and the hub download failed"):
+        read_pretrained("nobody-here/no-such-model")
+    with pytest.raises(ConfigError, match=r"no config\.json there"):
+        read_pretrained(str(tmp_path))
 
     # a blocklab-only variant: ALiBi + sandwich norm in a decoder has no HF equivalent; the
     # refusal names every differing axis (the CLI's own export path is exercised above)
     from blocklab.config import ModelConfig
     from blocklab.convert import pick_arch
-    from blocklab.errors import ConfigError
 
     m = ModelConfig(vocab_size=64, d_model=32, n_heads=4, d_ff=48)
     m.position.name, m.block.name, m.norm.name, m.ffn.name = "alibi", "sandwich", "rmsnorm", "swiglu"

@@ -74,22 +74,25 @@ def test_without_the_qk_unpermutation_the_check_fails(smol, monkeypatch):
 
 
 def test_blocklab_eval_runs_text_probes_on_the_import(smol, tmp_path):
-    from data.test_text_runs import cli
-
-    found, _, _ = smol
-    r = cli(f"from_hf={found[0]}", f"gguf={found[1]}", f"out={tmp_path / 'smol'}",
-            tool="blocklab-import")
-    assert r.returncode == 0, r.stderr[-2000:]
-    e = cli(f"ckpt={tmp_path / 'smol'}", "probes=text", "probes.train_length=256",
-            "probes.needle.lengths=[1.0]", "probes.needle.depths=[0.5]", "probes.needle.n=2",
-            "probes.needle.n_distractors=[1]", "probes.litm.enabled=false",
-            "probes.perplexity.lengths=[1.0]", f"out={tmp_path / 'eval'}",
-            tool="blocklab-eval")
-    assert e.returncode == 0, e.stderr[-2000:]
-    assert "imported (no training data" in e.stdout
+    """The import written as a checkpoint and evaluated on its own, as ``blocklab-eval
+    ckpt=<import> probes=text`` does (in process; the command line's own path runs on a tiny
+    import in test_import_cli.py)."""
     import csv
 
-    with open(next((tmp_path / "eval").glob("text-*")) / "examples.csv") as f:
+    from blocklab.config import LitmProbeConfig, NeedleProbeConfig, PerplexityProbeConfig, ProbeSpec
+    from blocklab.convert import import_model
+    from blocklab.eval.evaluate import evaluate_checkpoint
+
+    found, _, _ = smol
+    target = import_model(found[0], tmp_path / "smol", gguf=found[1], log=lambda *_: None)
+    spec = ProbeSpec(name="text", space="text", train_length=256, batch_size=2,
+                     needle=NeedleProbeConfig(lengths=[1.0], depths=[0.5], n=2,
+                                              n_distractors=[1], fillers=["essay"]),
+                     litm=LitmProbeConfig(enabled=False),
+                     perplexity=PerplexityProbeConfig(lengths=[1.0], tokens=255))
+    result, probes = evaluate_checkpoint(tmp_path / "smol", spec, out=tmp_path / "eval")
+    assert result["val_loss"] is None and result["checkpoint"] == str(target)
+    with open(probes.out_dir / "examples.csv") as f:
         rows = list(csv.DictReader(f))
     needles = [r for r in rows if r["probe"] == "needle"]
     assert len(needles) == 2
