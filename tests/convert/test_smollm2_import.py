@@ -69,7 +69,7 @@ def test_gguf_import_matches_hf_logits_and_greedy(smol, pretrained):
 def test_without_the_qk_unpermutation_the_check_fails(smol, pretrained):
     """The import with llama.cpp's q/k row order left in place (its permutation re-applied to
     the un-permuted rows: what a reader that forgets to undo it loads)."""
-    found, hf, tok = smol
+    _, hf, tok = smol
     m = pretrained.model
     d, h, kv = m.head_dim, m.n_heads, m.kv_heads
     state = dict(pretrained.state)
