@@ -153,7 +153,8 @@ def test_shipped_configs_validate(overrides):
     from blocklab.config import validate_train
     from blocklab.train.run import to_train_config
 
-    validate_train(to_train_config(compose("train", overrides)))
+    tc = to_train_config(compose("train", overrides))
+    assert validate_train(tc) is tc  # raises ConfigError naming the key when a shipped config is invalid
 
 
 def test_the_rules_use_the_synthetic_tasks_own_facts():

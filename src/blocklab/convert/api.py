@@ -184,17 +184,17 @@ def _yaml(plain: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------------- export
 
 
-def _compare(arch: Arch, m: ModelConfig) -> list[str]:
-    """The model keys where ``m`` differs from what ``arch`` can express (a round trip through
-    its HF config)."""
+def _compare(arch: Arch, m: ModelConfig) -> tuple[bool, list[str]]:
+    """(whether ``arch`` has a name for every component of ``m``, the model keys where ``m``
+    differs from what ``arch`` can express — a round trip through its HF config)."""
     try:
         back = model_config(arch.config_in(Fields(arch.config_out(m), f"<{arch.name}>"), {}))
     except ConfigError as e:  # a component the architecture has no name for
-        return [str(e).split(": ", 1)[-1]] * 99
+        return False, [str(e).split(": ", 1)[-1]]
     want, got = _normal(m), _normal(back)
     skip = set(arch.unmapped)
-    return [f"model.{k}={v!r} ({arch.name} has {got.get(k)!r})" for k, v in want.items()
-            if k not in skip and not _same(v, got.get(k))]
+    return True, [f"model.{k}={v!r} ({arch.name} has {got.get(k)!r})" for k, v in want.items()
+                  if k not in skip and not _same(v, got.get(k))]
 
 
 def _normal(m: ModelConfig) -> dict[str, Any]:
@@ -234,8 +234,9 @@ def pick_arch(m: ModelConfig, name: str | None = None) -> Arch:
     if not candidates:
         raise ConfigError(f"export refused: model.family.name={m.family.name!r} has no Hugging "
                           "Face equivalent blocklab exports")
-    best = min(candidates, key=lambda a: len(_compare(a, m)))
-    diff = _compare(best, m)
+    compared = {a.name: _compare(a, m) for a in candidates}
+    best = min(candidates, key=lambda a: (not compared[a.name][0], len(compared[a.name][1])))
+    diff = compared[best.name][1]
     if diff:
         raise ConfigError(f"export refused: no Hugging Face equivalent as {best.name}: "
                           + "; ".join(diff))

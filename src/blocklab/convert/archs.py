@@ -67,8 +67,7 @@ def _attention_name(n_heads: int, kv: int) -> str:
 
 def _gelu_ffn(act: str, f: Fields, key: str, *, gated: bool = False) -> dict[str, Any]:
     """An HF activation name -> blocklab ffn name + GELU form."""
-    forms = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh",
-             "gelu_fast": None}
+    forms = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
     if act == "relu" and not gated:
         return {"name": "relu_mlp", "approximate": "none"}
     if act == "silu" and gated:
@@ -80,7 +79,7 @@ def _gelu_ffn(act: str, f: Fields, key: str, *, gated: bool = False) -> dict[str
 
 
 def _hf_act(ffn: dict[str, Any]) -> str:
-    if ffn["name"] in ("relu_mlp",):
+    if ffn["name"] == "relu_mlp":
         return "relu"
     if ffn["name"] == "swiglu":
         return "silu"
@@ -137,7 +136,7 @@ def _rope_in(f: Fields, max_positions: int) -> dict[str, Any]:
                      "scaling")
     if kind == "default":
         return out
-    out.update(scaling="none" if kind == "default" else kind, factor=float(params["factor"]))
+    out.update(scaling=kind, factor=float(params["factor"]))
     if kind in ("yarn", "llama3"):
         out["original_max_seq_len"] = int(params.get("original_max_position_embeddings")
                                           or max_positions)

@@ -160,13 +160,15 @@ def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], s
         model.train(was_training)
 
 
+#: The reference length probe lengths are multiples of for a model trained elsewhere.
+HF_TRAIN_LENGTH = 512
+
+
 def train_length(meta: dict[str, Any], tc: TrainConfig) -> int:
     """The length probe lengths are multiples of: the run's training length; for an imported
     model (trained elsewhere) 512, as for a Hugging Face model probed directly."""
     return HF_TRAIN_LENGTH if meta.get("imported") else tc.data.seq_len
 
-
-HF_TRAIN_LENGTH = 512
 
 
 def probe_dir(run_dir: Path, checkpoint_name: str, spec) -> Path:
