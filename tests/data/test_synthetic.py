@@ -55,7 +55,7 @@ def runs_of_mark(tokens: list[int]) -> list[int]:
 
 def test_task_table_is_the_documented_one() -> None:
     assert set(TASKS) == {"needle", "kv_records", "kv_records_query_aware", "mqar", "copy",
-                          "markov_lm"}
+                          "markov_lm", "multihop", "counting"}
     assert set(TASKS) == {f.name for f in dataclasses.fields(TaskWeights)}
 
 
@@ -448,3 +448,101 @@ def test_check_mixture_rejects_bad_fillers(fillers: list[str]) -> None:
     cfg = DataConfig(fillers=fillers)
     with pytest.raises(ConfigError, match=r"data\.fillers"):
         validate_mixture(cfg)
+
+
+# ------------------------------------------------------- variable tracking and aggregation
+
+
+def test_multihop_and_counting_are_exact_length_and_draw_their_ranges() -> None:
+    """Training draws: every (hops, chains) / (candidates, margin) pair that fits is drawn, and
+    nothing else; sequences are exactly ``length`` tokens from the shortest length up."""
+    from blocklab.config import (
+        counting_choices,
+        counting_min_length,
+        multihop_choices,
+        multihop_min_length,
+    )
+
+    for name, shortest, choices, fields in (
+            ("multihop", multihop_min_length(1, 1), multihop_choices, ("hops", "distractor_chains")),
+            ("counting", counting_min_length(2, 1), counting_choices, ("n_candidates", "margin"))):
+        with pytest.raises(ValueError, match="too short"):
+            make(name, 0, shortest - 1)
+        for length in (shortest, 32, 64, 128):
+            seen = set()
+            for i in range(150):
+                ex = make(name, i, length)
+                assert len(ex.tokens) == length == len(ex.targets)
+                assert ex.tokens.count(BOS) == 1 == ex.tokens.count(SEP) and ex.tokens[0] == BOS
+                assert SEP in ex.tokens[-3:-1]  # SEP x_h v (multihop) / SEP c (counting)
+                assert ex.targets == [False] * (length - 1) + [True]
+                seen.add(tuple(ex.meta[f] for f in fields))
+            assert seen == set(choices(length)), (name, length)
+
+
+def test_multihop_chains_resolve_to_the_answer_in_chain_order() -> None:
+    for i in range(300):
+        ex = make("multihop", i, 96, filler=["iid", "phrase", "markov"][i % 3])
+        toks = ex.tokens
+        assert toks[-3] == SEP and toks[-2] in VOCAB.keys and toks[-1] in VOCAB.values
+        where = {}
+        for j, t in enumerate(toks[:-3]):
+            if t == MARK:
+                assert toks[j + 1] not in where, "a variable is assigned twice"
+                where[toks[j + 1]] = j
+        assert all(t not in VOCAB.keys or toks[j - 1] == MARK or toks[j - 2] == MARK
+                   for j, t in enumerate(toks[:-3]))
+        chain, x = [], toks[-2]
+        while True:  # brute force: follow the question's variable back to a value
+            chain.append(where[x])
+            rhs = toks[where[x] + 2]
+            if rhs in VOCAB.values:
+                break
+            x = rhs
+        assert rhs == toks[-1] and toks.count(rhs) == 2  # stated once, answered once
+        assert chain[::-1] == ex.meta["hop_indices"] == sorted(chain)
+        assert len(chain) == ex.meta["hops"]
+        roots = [t for t in toks[:-1] if t in VOCAB.values]
+        assert len(roots) == len(set(roots)) == ex.meta["distractor_chains"] + 1
+
+
+def test_counting_margin_is_exact_and_the_answer_most_frequent() -> None:
+    for i in range(300):
+        k, m = 2 + i % 3, 1 + i % 4
+        ex = make("counting", i, 64, candidates=k, margin=m)
+        toks = ex.tokens
+        counts = Counter(t for t in toks[:-2] if t in VOCAB.values)
+        assert len(counts) == k and not any(t in VOCAB.keys or t == MARK for t in toks)
+        (top, n1), (_, n2) = counts.most_common(2)
+        assert top == toks[-1] and n1 - n2 == m and n2 <= 4  # COUNTING_MAX_COUNT
+        assert ex.meta["winner_share"] == n1 / sum(counts.values())
+        assert [toks[j] for j in ex.meta["gold_indices"]] == [top] * n1
+
+
+def test_mixture_draws_multihop_and_counting() -> None:
+    cfg = DataConfig(tasks=TaskWeights(needle=0, multihop=1, counting=1), fillers=["phrase"])
+    mix = Mixture(cfg)
+    tasks = Counter()
+    for i in range(200):
+        ex = mix(i)
+        tasks[ex.meta["task"]] += 1
+        assert ex.meta["filler"] == "phrase"
+    assert set(tasks) == {"multihop", "counting"} and min(tasks.values()) > 60
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"tasks": TaskWeights(needle=0, multihop=1), "n_keys": 11}, "data.n_keys"),
+    ({"tasks": TaskWeights(needle=0, multihop=1), "n_values": 2}, "data.n_values"),
+    ({"tasks": TaskWeights(needle=0, counting=1), "n_values": 3}, "data.n_values"),
+    ({"tasks": TaskWeights(needle=0, counting=1), "min_len": 12}, "data.min_len"),
+    ({"tasks": TaskWeights(needle=0, multihop=1), "min_len": 10}, "data.min_len"),
+], ids=["multihop-keys", "multihop-values", "counting-values", "counting-min_len",
+        "multihop-min_len"])
+def test_check_mixture_rejects_new_tasks(change: dict, key: str) -> None:
+    cfg = dataclasses.replace(DataConfig(seq_len=128), **change)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_mixture(cfg)
+    ok = dataclasses.replace(cfg, n_keys=12, n_values=4, min_len=13)  # the exact boundary
+    mix = Mixture(ok)
+    for i in range(100):
+        mix(i)

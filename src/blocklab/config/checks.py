@@ -23,6 +23,12 @@ def _check(ok: bool, key: str, value: Any, rule: str, hint: str = "") -> None:
         raise _fail(key, value, rule, hint)
 
 
+def require(ok: bool, key: str, value: Any, rule: str, hint: str = "") -> None:
+    """The public form of the one-line rule, for checks that live beside the code they guard
+    (e.g. what a probe builder can render): ``ConfigError`` naming key, value and rule."""
+    _check(ok, key, value, rule, hint)
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 

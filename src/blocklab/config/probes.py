@@ -7,7 +7,18 @@ import re
 import string
 
 from blocklab.config.checks import _check, _each, _finite, _one_of
-from blocklab.config.schema import FILLERS, PROBE_SPACES, TEXT_HAYSTACKS, DataConfig, ProbeSpec
+from blocklab.config.schema import (
+    FILLERS,
+    MULTI_NEEDLE_VARIANTS,
+    PROBE_SPACES,
+    TEXT_HAYSTACKS,
+    DataConfig,
+    ProbeSpec,
+    counting_min_length,
+    multi_needle_min_length,
+    multi_needle_needles,
+    multihop_min_length,
+)
 
 _TEMPLATES = {  # text-space templates: placeholders each may use (and must use)
     "needle": ({"key", "value"}, {"value"}), "question": ({"key"}, set()),
@@ -88,6 +99,8 @@ def validate_probe_spec(spec: ProbeSpec, key: str = "probes", *, synthetic: bool
                f"{most} records need {most} distinct keys and values; the synthetic "
                f"vocabulary has data.n_keys={data.n_keys}, data.n_values={data.n_values}")
 
+    _validate_new_kinds(spec, k, on, space, data)
+
     pp = spec.perplexity
     live = on and pp.enabled
     _each(f"{k}.perplexity.lengths", pp.lengths, lambda x: _finite(x) and x > 0,
@@ -112,3 +125,86 @@ def validate_probe_spec(spec: ProbeSpec, key: str = "probes", *, synthetic: bool
                f"{k}.text.haystack", t.haystack,
                f"one of {', '.join(TEXT_HAYSTACKS)} or a path to a text file")
     return spec
+
+
+def _longest(lengths: list[float], train_length: int) -> int:
+    """The longest probe length in tokens (lengths are multiples of the training length)."""
+    return max(1, round(max(lengths) * train_length))
+
+
+def _validate_new_kinds(spec: ProbeSpec, k: str, on: bool, space: str,
+                        data: DataConfig | None) -> None:
+    """Multi-needle, variable tracking and aggregation: ranges always; "not empty", ``n >= 1``,
+    the vocabulary (token space: enough distinct keys and values for one item) and "the longest
+    length holds one item" (else every cell would be N/A) only when enabled."""
+    tok = space == "token" and data is not None
+    base = (spec.train_length or data.seq_len) if data is not None else 0
+    at = f"training length {base}"
+    mn = spec.multi_needle
+    live = on and mn.enabled
+    _each(f"{k}.multi_needle.variants", mn.variants, lambda x: x in MULTI_NEEDLE_VARIANTS,
+          f"each variant must be one of {', '.join(MULTI_NEEDLE_VARIANTS)}", required=live)
+    _each(f"{k}.multi_needle.lengths", mn.lengths, lambda x: _finite(x) and x > 0,
+          "each length (a multiple of the training length) must be > 0", required=live)
+    _check(mn.keys >= 1, f"{k}.multi_needle.keys", mn.keys, "must be >= 1 (needles per item)")
+    _check(mn.values >= 1, f"{k}.multi_needle.values", mn.values,
+           "must be >= 1 (values of each key, multivalue)")
+    _check(1 <= mn.queries <= mn.keys, f"{k}.multi_needle.queries", mn.queries,
+           f"must be in [1, keys={mn.keys}] (keys asked at once, multiquery)")
+    _check(mn.n >= 1 or not live, f"{k}.multi_needle.n", mn.n, "must be >= 1 (items per cell)",
+           f"or {k}.multi_needle.enabled=false")
+    if live and tok:
+        for variant in mn.variants:
+            needles = multi_needle_needles(variant, mn.keys, mn.values)
+            _check(mn.keys <= data.n_keys and needles <= data.n_values,
+                   f"{k}.multi_needle.keys", mn.keys,
+                   f"{variant} draws {mn.keys} distinct keys and {needles} distinct values; "
+                   f"the synthetic vocabulary has data.n_keys={data.n_keys}, "
+                   f"data.n_values={data.n_values}")
+            need = multi_needle_min_length(variant, mn.keys, mn.values, mn.queries)
+            longest = _longest(mn.lengths, base)
+            _check(longest >= need, f"{k}.multi_needle.lengths", list(mn.lengths),
+                   f"the longest length ({longest} tokens at the {at}) "
+                   f"must hold one {variant} item ({need} tokens); every cell would be N/A")
+
+    hp = spec.hops
+    live = on and hp.enabled
+    _each(f"{k}.hops.hops", hp.hops, lambda x: x >= 1, "each hop count must be >= 1",
+          required=live)
+    _each(f"{k}.hops.lengths", hp.lengths, lambda x: _finite(x) and x > 0,
+          "each length (a multiple of the training length) must be > 0", required=live)
+    _check(hp.distractor_chains >= 0, f"{k}.hops.distractor_chains", hp.distractor_chains,
+           "must be >= 0 (0: the copy line is 1.0)")
+    _check(hp.n >= 1 or not live, f"{k}.hops.n", hp.n, "must be >= 1 (items per cell)",
+           f"or {k}.hops.enabled=false")
+    if live and tok and hp.hops:
+        chains, most = hp.distractor_chains + 1, max(hp.hops)
+        _check(chains * most <= data.n_keys and chains <= data.n_values, f"{k}.hops.hops",
+               list(hp.hops), f"{chains} chains of {most} hops need {chains * most} distinct "
+               f"variables (keys) and {chains} values; the synthetic vocabulary has "
+               f"data.n_keys={data.n_keys}, data.n_values={data.n_values}")
+        need = multihop_min_length(min(hp.hops), hp.distractor_chains)
+        longest = _longest(hp.lengths, base)
+        _check(longest >= need, f"{k}.hops.lengths", list(hp.lengths),
+               f"the longest length ({longest} tokens at the {at}) must "
+               f"hold one item ({need} tokens); every cell would be N/A")
+
+    ag = spec.aggregation
+    live = on and ag.enabled
+    _check(ag.candidates >= 2, f"{k}.aggregation.candidates", ag.candidates,
+           "must be >= 2 (one candidate is the copy shortcut)")
+    _each(f"{k}.aggregation.margins", ag.margins, lambda x: x >= 1,
+          "each margin (winner count - runner-up count) must be >= 1", required=live)
+    _each(f"{k}.aggregation.lengths", ag.lengths, lambda x: _finite(x) and x > 0,
+          "each length (a multiple of the training length) must be > 0", required=live)
+    _check(ag.n >= 1 or not live, f"{k}.aggregation.n", ag.n, "must be >= 1 (items per cell)",
+           f"or {k}.aggregation.enabled=false")
+    if live and tok and ag.margins:
+        _check(ag.candidates <= data.n_values, f"{k}.aggregation.candidates", ag.candidates,
+               f"needs {ag.candidates} distinct values; the synthetic vocabulary has "
+               f"data.n_values={data.n_values}")
+        need = counting_min_length(ag.candidates, min(ag.margins))
+        longest = _longest(ag.lengths, base)
+        _check(longest >= need, f"{k}.aggregation.lengths", list(ag.lengths),
+               f"the longest length ({longest} tokens at the {at}) must "
+               f"hold one item ({need} tokens); every cell would be N/A")

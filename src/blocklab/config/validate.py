@@ -36,7 +36,10 @@ from blocklab.config.schema import (
     TokenizerName,
     TrainConfig,
     TrainerConfig,
-    distinct_pairs,
+    counting_min_length,
+    distinct_ids,
+    mqar_min_length,
+    multihop_min_length,
     needle_min_length,
     resolve_kv_heads,
 )
@@ -111,7 +114,27 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
                         f"{p.high_freq_factor}")
     if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
         raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
+    family = registry.lookup("family", m.family.name, f"{key}.family.name")
+    _validate_window(m, key, bidirectional=getattr(family, "has_bidirectional_stack", False))
     return m
+
+
+def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool) -> None:
+    """Local (sliding-window) attention: ``window`` keys per query (null = global), odd where the
+    family has a bidirectional stack (a centred window), ``global_every`` 0 or >= 2 and only
+    with a window."""
+    a = m.attention
+    _check(a.window is None or (isinstance(a.window, int) and a.window >= 1),
+           f"{key}.attention.window", a.window,
+           "must be null (global attention) or >= 1 (keys per query, the query included)")
+    _check(a.window is None or not bidirectional or a.window % 2 == 1,
+           f"{key}.attention.window", a.window,
+           f"must be odd for family {m.family.name!r}: a bidirectional stack sees "
+           "(window - 1) / 2 tokens on each side")
+    _check(a.global_every == 0 or a.global_every >= 2, f"{key}.attention.global_every",
+           a.global_every, "must be 0 (every layer local) or >= 2 (layers n, 2n, ... global)")
+    _check(a.global_every == 0 or a.window is not None, f"{key}.attention.global_every",
+           a.global_every, "needs model.attention.window (null: every layer is already global)")
 
 
 _ROPE_OPTIONS = ("base", "scaling", "factor", "original_max_seq_len", "yarn_beta_fast",
@@ -193,12 +216,24 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
            f"{MARKOV_MIN_FILLER} distinct successors)")
     for name in ("n_keys", "n_values"):
         _check(getattr(d, name) >= 1, f"{key}.{name}", getattr(d, name), "must be >= 1")
+    for task, shortest in (("multihop", multihop_min_length(1, 1)),
+                           ("counting", counting_min_length(2, 1))):
+        _check(task not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
+               f"{task} needs sequences of at least {shortest} tokens")
+    if d.mqar_pairs is not None:  # Zoology's layout: exactly mqar_pairs pairs per sequence
+        _check(d.mqar_pairs >= 1, f"{key}.mqar_pairs", d.mqar_pairs,
+               "must be null (as many pairs as fit) or >= 1")
+        shortest = mqar_min_length(d.mqar_pairs)
+        _check("mqar" not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
+               f"mqar with data.mqar_pairs={d.mqar_pairs} needs sequences of at least "
+               f"{shortest} tokens")
     for task in sorted(used):
-        n = distinct_pairs(task, d.seq_len, hi)
-        if min(d.n_keys, d.n_values) < n:
-            name = "n_keys" if d.n_keys < n else "n_values"
+        n_k, n_v = ((d.mqar_pairs,) * 2 if task == "mqar" and d.mqar_pairs is not None
+                    else distinct_ids(task, d.seq_len, hi))
+        if d.n_keys < n_k or d.n_values < n_v:
+            name = "n_keys" if d.n_keys < n_k else "n_values"
             raise _fail(f"{key}.{name}", getattr(d, name), f"{task} at seq_len={d.seq_len} "
-                        f"needs {n} distinct keys and values",
+                        f"needs {n_k} distinct keys and {n_v} distinct values",
                         "raise data.n_keys/n_values or lower data.seq_len")
     return d
 

@@ -51,6 +51,10 @@ class Mixture:
         kw: dict = {"seed": c.seed}
         if name == "needle":
             kw |= {"n_distractors": rng.randint(*c.n_distractors), "filler": rng.choice(c.fillers)}
+        if name in ("multihop", "counting"):  # hops / margins drawn by the task itself
+            kw["filler"] = rng.choice(c.fillers)
+        if name == "mqar" and c.mqar_pairs is not None:
+            kw["pairs"] = c.mqar_pairs
         return TASKS[name](rng, self.vocab, length, **kw)
 
     def fingerprint(self) -> str:
@@ -59,5 +63,7 @@ class Mixture:
                 **{k: getattr(self.cfg, k) for k in ("seed", "seq_len", "min_len", "batch_size")},
                 "curriculum": [list(stage) for stage in self.cfg.curriculum],
                 "tasks": task_weights(self.cfg), "n_distractors": list(self.cfg.n_distractors),
-                "fillers": list(self.cfg.fillers)}
+                "fillers": list(self.cfg.fillers),
+                **({"mqar_pairs": self.cfg.mqar_pairs} if self.cfg.mqar_pairs is not None
+                   else {})}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

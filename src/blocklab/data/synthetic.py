@@ -14,6 +14,11 @@ Sequence formats (decoder form; ``→`` marks the supervised answer tokens):
 - ``mqar``:          ``BOS REC k1 v1 … SEP ki → vi SEP kj → vj …`` (every key queried once)
 - ``copy``:          ``BOS x1 … xn SEP → x1 … xn``
 - ``markov_lm``:     text from a fixed random Markov chain, every token supervised.
+- ``multihop``:      ``BOS hay(MARK x1 v … MARK x2 x1 … ) SEP xh → v`` (variable tracking:
+  chains of assignments, distractor chains interleaved; answer the root value)
+- ``counting``:      ``BOS hay(c_i scattered, the winner margin times more often than the
+  runner-up) SEP → c_winner`` (aggregation)
+- ``multi_needle`` (probes; not a mixture task): multi-key / multi-value / multi-query needles.
 """
 
 from __future__ import annotations
@@ -25,7 +30,19 @@ from typing import Any
 
 # The filler kinds and the shortest needle are defined beside the config schema, whose
 # validator checks configs against them (config.py); the tasks and probe builders use them here.
-from blocklab.config import FILLERS, needle_min_length
+from blocklab.config import (
+    COUNTING_MAX_COUNT,
+    FILLERS,
+    MULTI_NEEDLE_VARIANTS,
+    counting_choices,
+    counting_min_length,
+    mqar_min_length,
+    multi_needle_answer_length,
+    multi_needle_min_length,
+    multihop_choices,
+    multihop_min_length,
+    needle_min_length,
+)
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<sep>", "<mark>", "<rec>", "<mask>")
 PAD, BOS, EOS, SEP, MARK, REC, MASK = range(len(SPECIALS))
@@ -166,9 +183,15 @@ def kv_records(rng: random.Random, vocab: Vocab, length: int, *, gold: int | Non
         "gold": j, "candidates": values, "query_index": len(tokens) - 2})
 
 
-def mqar(rng: random.Random, vocab: Vocab, length: int, *, seed: int = 0) -> Example:
+def mqar(rng: random.Random, vocab: Vocab, length: int, *, pairs: int | None = None,
+         seed: int = 0) -> Example:
     """Multi-query associative recall ("Zoology", arXiv 2312.04927): records, then every key
-    queried once in random order — dense supervision that speeds up learning to match keys."""
+    queried once in random order — dense supervision that speeds up learning to match keys.
+    With ``pairs`` the layout is Zoology's instead: ``BOS k1 v1 … kn vn`` then the n queries
+    ``SEP ki → vi`` in random order at random places among i.i.d. filler, exactly ``length``
+    tokens (``meta["distances"]``: tokens from each queried value's record to its answer)."""
+    if pairs is not None:
+        return _mqar_spread(rng, vocab, length, pairs)
     m = (length - 1) // 6
     if m < 1:
         raise ValueError(f"mqar: length {length} too short")
@@ -181,6 +204,29 @@ def mqar(rng: random.Random, vocab: Vocab, length: int, *, seed: int = 0) -> Exa
         tokens += [SEP, keys[j], values[j]]
         targets += [False, False, True]
     return Example(tokens, targets, {"task": "mqar", "n_records": m})
+
+
+def _mqar_spread(rng: random.Random, vocab: Vocab, length: int, n: int) -> Example:
+    if length < mqar_min_length(n):
+        raise ValueError(f"mqar: {n} pairs need length >= {mqar_min_length(n)}, got {length}")
+    keys, values = rng.sample(vocab.keys, n), rng.sample(vocab.values, n)
+    tokens = [BOS]
+    for k, v in zip(keys, values):
+        tokens += [k, v]
+    n_fill = length - len(tokens) - 3 * n
+    # filler before each query (and after the last): a uniform composition of n_fill into n+1
+    cuts = sorted(rng.randint(0, n_fill) for _ in range(n))
+    gaps = [b - a for a, b in zip([0, *cuts], [*cuts, n_fill])]
+    targets = [False] * len(tokens)
+    distances = []
+    for gap, j in zip(gaps, rng.sample(range(n), n)):
+        tokens += rng.choices(vocab.filler, k=gap)
+        tokens += [SEP, keys[j], values[j]]
+        targets += [False] * gap + [False, False, True]
+        distances.append(len(tokens) - 1 - (2 + 2 * j))  # answer index - stored value index
+    tokens += rng.choices(vocab.filler, k=gaps[-1])
+    targets += [False] * gaps[-1]
+    return Example(tokens, targets, {"task": "mqar", "n_records": n, "distances": distances})
 
 
 def copy(rng: random.Random, vocab: Vocab, length: int, *, seed: int = 0) -> Example:
@@ -196,6 +242,189 @@ def markov_lm(rng: random.Random, vocab: Vocab, length: int, *, seed: int = 0) -
     return Example(tokens, [False] + [True] * (length - 1), {"task": "markov_lm"})
 
 
+# ------------------------------------------------------------- multi-needle, hops, counting
+# Shared conventions: every statement (``MARK a b``) and every bare candidate id goes *before*
+# the filler token at an insertion slot drawn uniformly in [0, hay_len] (ties allowed: tied
+# inserts sit side by side, in chain order within a chain, in random order across chains), so
+# the depth of a statement — filler tokens before it / all filler tokens — is uniform on the
+# grid {0, 1/hay_len, ..., 1}. The question never states where or how many answers there are.
+
+
+def _place(rng: random.Random, hay: list[int], inserts: list[tuple[int, int, list[int]]]
+           ) -> tuple[list[int], list[int]]:
+    """``BOS`` + ``hay`` with each ``(slot, order, tokens)`` insert placed before
+    ``hay[slot]``; tied slots keep ``order`` (then the given order). Returns the tokens and
+    each insert's first token index, in the order given."""
+    ranked = sorted(range(len(inserts)), key=lambda j: (inserts[j][0], inserts[j][1], j))
+    tokens, at, prev = [BOS], [0] * len(inserts), 0
+    for j in ranked:
+        slot, _, payload = inserts[j]
+        tokens += hay[prev:slot]
+        prev = slot
+        at[j] = len(tokens)
+        tokens += payload
+    return tokens + hay[prev:], at
+
+
+def multi_needle(rng: random.Random, vocab: Vocab, length: int, *, variant: str = "multikey",
+                 keys: int = 4, values: int = 4, queries: int = 2, filler: str = "iid",
+                 seed: int = 0) -> Example:
+    """RULER's needle variants (arXiv 2404.06654), exactly ``length`` tokens, every needle at
+    an independently drawn uniform depth:
+
+    - ``multikey``:   ``BOS hay(MARK k_i v_i, i < keys) SEP k_g → v_g``
+    - ``multivalue``: every one of ``keys`` keys carries ``values`` values (``keys × values``
+      needles ``MARK k v``); ``SEP k_g → `` its values *in order of appearance*
+    - ``multiquery``: ``keys`` needles; ``SEP k_a k_b … → v_a v_b …`` (``queries`` distinct
+      keys asked at once, the values *in the order asked*)
+
+    Keys and values are distinct within a sequence (a value occurs once in the context).
+    ``meta``: ``depths`` (of every needle, in order of appearance), ``gold_depths`` and
+    ``gold_indices`` (the answer's needles, in answer order), ``answers`` (every in-context
+    alternative answer: each value (multikey); each key's run of values (multivalue); the
+    values of the asked keys shifted by s = 0..keys-1 places in the order of appearance
+    (multiquery)) with the gold one at ``gold``."""
+    if variant not in MULTI_NEEDLE_VARIANTS:
+        raise ValueError(f"multi_needle: unknown variant {variant!r}; known: "
+                         f"{', '.join(MULTI_NEEDLE_VARIANTS)}")
+    need = multi_needle_min_length(variant, keys, values, queries)
+    if length < need:
+        raise ValueError(f"multi_needle: length {length} too short for {variant} with "
+                         f"keys={keys}, values={values}, queries={queries} (needs >= {need})")
+    per_key = values if variant == "multivalue" else 1
+    n_q = queries if variant == "multiquery" else 1
+    ks = rng.sample(vocab.keys, keys)
+    vs = rng.sample(vocab.values, keys * per_key)
+    n_answer = multi_needle_answer_length(variant, values, queries)
+    hay_len = length - 1 - 3 * keys * per_key - 1 - n_q - n_answer
+    hay = _filler(rng, vocab, hay_len, filler, seed)
+    pairs = [(ks[i], vs[i * per_key + j]) for i in range(keys) for j in range(per_key)]
+    slots = [rng.randint(0, hay_len) for _ in pairs]
+    tokens, at = _place(rng, hay, [(s, rng.random(), [MARK, k, v])
+                                   for s, (k, v) in zip(slots, pairs)])
+    seen = sorted(range(len(pairs)), key=lambda j: at[j])  # needles in order of appearance
+    depths = [slots[j] / hay_len for j in seen]
+    key_order = list(dict.fromkeys(pairs[j][0] for j in seen))
+    run = {k: [pairs[j][1] for j in seen if pairs[j][0] == k] for k in key_order}
+    if variant == "multiquery":
+        asked = rng.sample(range(keys), queries)  # indices into key_order, in the order asked
+        query = [key_order[a] for a in asked]
+        answers = [[run[key_order[(a + s) % keys]][0] for a in asked] for s in range(keys)]
+        gold = 0
+    else:
+        query = [ks[0]]  # ks is a random sample: key 0 is a random key
+        answers = [run[k] if variant == "multivalue" else run[k][:1] for k in key_order]
+        gold = answers.index(run[ks[0]])
+    answer = answers[gold]
+    gold_j = [next(j for j in range(len(pairs)) if pairs[j][1] == v) for v in answer]
+    tokens += [SEP, *query, *answer]
+    return Example(tokens, [False] * (len(tokens) - n_answer) + [True] * n_answer, {
+        "task": "multi_needle", "variant": variant, "keys": keys, "values": per_key,
+        "queries": n_q, "depths": depths, "gold_depths": [slots[j] / hay_len for j in gold_j],
+        "gold_indices": [at[j] for j in gold_j], "query_index": len(tokens) - n_answer - n_q,
+        "answers": answers, "gold": gold, "filler": filler})
+
+
+def multihop(rng: random.Random, vocab: Vocab, length: int, *, hops: int | None = None,
+             distractor_chains: int | None = None, filler: str = "iid",
+             seed: int = 0) -> Example:
+    """Variable tracking (RULER's ``vt``, arXiv 2404.06654): ``distractor_chains + 1`` chains
+    of ``hops`` assignments each, exactly ``length`` tokens:
+
+        ``BOS hay(MARK x1 v … MARK x2 x1 … MARK xh x(h-1) …) SEP xh → v``
+
+    Variables are key-range ids, root values value-range ids, all distinct in a sequence; only
+    the context says which is which (``MARK a b`` reads ``a = b``). Each chain's statements
+    are at slots drawn in chain order: the root (the statement farthest from the question)
+    uniform over the haystack, every later one uniform after it, so ``farthest_depth`` is
+    uniform. Chains interleave. Unset ``hops`` / ``distractor_chains`` (training) draw a pair
+    uniformly from :func:`multihop_choices` (what fits ``length``). ``meta``: ``hop_indices``
+    and ``hop_depths`` of the queried chain in chain order, ``farthest_depth``, ``answers``
+    (every chain's root value, gold first)."""
+    if hops is None or distractor_chains is None:
+        fit = [(h, c) for h, c in multihop_choices(length)
+               if (hops is None or h == hops)
+               and (distractor_chains is None or c == distractor_chains)]
+        if not fit:
+            raise ValueError(f"multihop: length {length} too short (needs >= "
+                             f"{multihop_min_length(hops or 1, distractor_chains or 1)})")
+        hops, distractor_chains = rng.choice(fit)
+    if hops < 1 or distractor_chains < 0:
+        raise ValueError(f"multihop: hops={hops} must be >= 1 and distractor_chains="
+                         f"{distractor_chains} >= 0")
+    need = multihop_min_length(hops, distractor_chains)
+    if length < need:
+        raise ValueError(f"multihop: length {length} too short for {hops} hops and "
+                         f"{distractor_chains} distractor chains (needs >= {need})")
+    chains = distractor_chains + 1
+    names = rng.sample(vocab.keys, hops * chains)
+    roots = rng.sample(vocab.values, chains)
+    hay_len = length - 1 - 3 * hops * chains - 3
+    hay = _filler(rng, vocab, hay_len, filler, seed)
+    rank = rng.sample(range(chains), chains)  # tie order across chains
+    inserts, slots = [], []
+    for c in range(chains):
+        xs = names[c * hops:(c + 1) * hops]
+        root = rng.randint(0, hay_len)
+        chain_slots = [root, *sorted(rng.randint(root, hay_len) for _ in range(hops - 1))]
+        for h, s in enumerate(chain_slots):
+            inserts.append((s, rank[c] * hops + h, [MARK, xs[h], roots[c] if h == 0 else xs[h - 1]]))
+            slots.append(s)
+    tokens, at = _place(rng, hay, inserts)
+    tokens += [SEP, names[hops - 1], roots[0]]
+    hop_depths = [slots[h] / hay_len for h in range(hops)]
+    return Example(tokens, [False] * (len(tokens) - 1) + [True], {
+        "task": "multihop", "hops": hops, "distractor_chains": distractor_chains,
+        "hop_indices": at[:hops], "hop_depths": hop_depths, "farthest_depth": hop_depths[0],
+        "depth": hop_depths[0], "query_index": len(tokens) - 2,
+        "answers": [[v] for v in roots], "gold": 0, "candidates": roots, "filler": filler})
+
+
+def counting(rng: random.Random, vocab: Vocab, length: int, *, candidates: int | None = None,
+             margin: int | None = None, max_count: int = COUNTING_MAX_COUNT,
+             filler: str = "iid", seed: int = 0) -> Example:
+    """Aggregation (RULER's frequent-words task, arXiv 2404.06654, in token space):
+    ``candidates`` distinct value-range ids scattered as bare tokens through the filler,
+    ``BOS hay(c …) SEP → c*``, exactly ``length`` tokens. Counts: the runner-up occurs r times
+    (r uniform in 1..``max_count``), the winner r + ``margin`` times, every other candidate
+    uniform in 1..r times; each occurrence at its own uniform slot, so neither the first nor
+    the last occurrence names the winner more often than its share of occurrences (recorded as
+    ``winner_share``: what copying a random *occurrence* scores). Unset ``candidates`` /
+    ``margin`` (training) draw a pair uniformly from :func:`counting_choices`."""
+    if candidates is None or margin is None:
+        fit = [(k, m) for k, m in counting_choices(length)
+               if (candidates is None or k == candidates) and (margin is None or m == margin)]
+        if not fit:
+            raise ValueError(f"counting: length {length} too short (needs >= "
+                             f"{counting_min_length(candidates or 2, margin or 1)})")
+        candidates, margin = rng.choice(fit)
+    if candidates < 2 or margin < 1 or max_count < 1:
+        raise ValueError(f"counting: candidates={candidates} must be >= 2, margin={margin} "
+                         f">= 1, max_count={max_count} >= 1")
+    need = counting_min_length(candidates, margin, max_count)
+    if length < need:
+        raise ValueError(f"counting: length {length} too short for {candidates} candidates "
+                         f"and margin {margin} (needs >= {need})")
+    ids = rng.sample(vocab.values, candidates)  # ids[0] wins: a random id
+    r = rng.randint(1, max_count)
+    counts = [r + margin, r] + [rng.randint(1, r) for _ in range(candidates - 2)]
+    total = sum(counts)
+    hay_len = length - 1 - total - 2
+    hay = _filler(rng, vocab, hay_len, filler, seed)
+    occ = [c for c, n in enumerate(counts) for _ in range(n)]
+    slots = [rng.randint(0, hay_len) for _ in occ]
+    tokens, at = _place(rng, hay, [(s, rng.random(), [ids[c]]) for s, c in zip(slots, occ)])
+    tokens += [SEP, ids[0]]
+    gold = [j for j, c in enumerate(occ) if c == 0]
+    return Example(tokens, [False] * (len(tokens) - 1) + [True], {
+        "task": "counting", "n_candidates": candidates, "margin": margin,
+        "counts": dict(zip(ids, counts)), "winner_share": counts[0] / total,
+        "gold_indices": sorted(at[j] for j in gold),
+        "gold_depths": sorted(slots[j] / hay_len for j in gold),
+        "query_index": len(tokens) - 2, "answers": [[c] for c in ids], "gold": 0,
+        "candidates": ids, "filler": filler})
+
+
 TASKS = {
     "needle": needle,
     "kv_records": kv_records,
@@ -204,4 +433,6 @@ TASKS = {
     "mqar": mqar,
     "copy": copy,
     "markov_lm": markov_lm,
+    "multihop": multihop,
+    "counting": counting,
 }

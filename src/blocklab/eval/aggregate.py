@@ -91,8 +91,12 @@ def cell_row(cell: Cell, rows: list[dict[str, Any]]) -> dict[str, Any]:
            "margin": sum(margins) / len(margins) if margins else None,
            "rank_median": ranks[n // 2], "any_value": sum(r["any_value"] for r in rows) / n,
            "status": "ok"}
+    if "partial" in rows[0]:  # RULER's "all" score: share of the required answers found
+        out["partial"] = sum(r["partial"] for r in rows) / n
     if "actual_depth" in rows[0]:
         out["actual_depth"] = sum(r["actual_depth"] for r in rows) / n
+    if "winner_share" in rows[0]:  # aggregation: what copying a random occurrence scores
+        out["winner_share"] = sum(r["winner_share"] for r in rows) / n
     return out
 
 
@@ -170,3 +174,81 @@ def litm_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
             if c["variant"] == variant and c["n"]:
                 out[variant] = {k: c[k] for k in ("n", "accuracy", "ci_low", "ci_high", "chance")}
     return out
+
+
+# ------------------------------------------------- multi-needle, variable tracking, aggregation
+
+
+def _grid_summary(cells: list[dict[str, Any]], probe: str) -> dict[str, Any]:
+    """Per variant of ``probe``: accuracy (and partial credit) by length, pooled over lengths
+    with its Wilson interval, and the cell's chance and copy lines."""
+    out: dict[str, Any] = {}
+    pc = [c for c in cells if c["probe"] == probe]
+    for variant in dict.fromkeys(c["variant"] for c in pc):
+        vc = [c for c in pc if c["variant"] == variant]
+        ok = [c for c in vc if c["n"]]
+        out[variant] = {
+            "accuracy_by_length": {str(c["length"]): c["accuracy"] for c in vc},
+            "partial_by_length": {str(c["length"]): c.get("partial") for c in vc},
+            "pooled": pooled(ok),
+            "n_not_applicable": len(vc) - len(ok),
+            "copy_any_value": vc[0]["copy_any_value"], "chance": vc[0]["chance"],
+        }
+    return out
+
+
+def multi_needle_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Multi-key / multi-value / multi-query needles: per variant, accuracy (all answers
+    right) and partial credit by length, and pooled."""
+    return _grid_summary(cells, "multi_needle")
+
+
+#: Farthest-hop depth bins of the variable-tracking summary: [0, 0.2), ..., [0.8, 1.0].
+DEPTH_BINS = 5
+
+
+def depth_view(examples: list[dict[str, Any]], key: str, bins: int = DEPTH_BINS
+               ) -> list[dict[str, Any]]:
+    """Accuracy by ``key`` (a depth in [0, 1]) in ``bins`` equal bins (1.0 in the last), each
+    with its Wilson interval; empty bins are left out."""
+    groups: dict[int, list[bool]] = {}
+    for e in examples:
+        b = min(int(float(e[key]) * bins), bins - 1)
+        groups.setdefault(b, []).append(bool(e["argmax"]))
+    rows = []
+    for b in sorted(groups):
+        hits = groups[b]
+        lo, hi = wilson_interval(sum(hits), len(hits))
+        rows.append({"depth_from": b / bins, "depth_to": (b + 1) / bins, "n": len(hits),
+                     "accuracy": sum(hits) / len(hits), "ci_low": lo, "ci_high": hi})
+    return rows
+
+
+def hops_summary(cells: list[dict[str, Any]], examples: list[dict[str, Any]]
+                 ) -> dict[str, Any]:
+    """Variable tracking: per hop count, accuracy by length and pooled; accuracy by hops
+    (pooled over lengths) and, per hop count, by the depth of the farthest hop (the root
+    statement) in :data:`DEPTH_BINS` bins."""
+    per = _grid_summary(cells, "hops")
+    hc = [c for c in cells if c["probe"] == "hops"]
+    ex = [e for e in examples if e["probe"] == "hops"]
+    for variant, s in per.items():
+        s["hops"] = next(c["hops"] for c in hc if c["variant"] == variant)
+        s["by_farthest_depth"] = depth_view([e for e in ex if e["variant"] == variant],
+                                            "farthest_depth")
+    return {"by_hops": per,
+            "accuracy_by_hops": {str(s["hops"]): s["pooled"]["accuracy"] for s in per.values()},
+            "by_farthest_depth": depth_view(ex, "farthest_depth")} if per else {}
+
+
+def aggregation_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregation: per margin, accuracy by length and pooled, beside the copy line (1 /
+    candidates) and the occurrence line (mean share of the winner among all occurrences)."""
+    per = _grid_summary(cells, "aggregation")
+    ac = [c for c in cells if c["probe"] == "aggregation"]
+    for variant, s in per.items():
+        vc = [c for c in ac if c["variant"] == variant and c["n"]]
+        s["margin"] = next(c["margin"] for c in ac if c["variant"] == variant)
+        s["winner_share"] = (sum(c["winner_share"] * c["n"] for c in vc)
+                             / sum(c["n"] for c in vc)) if vc else None
+    return per

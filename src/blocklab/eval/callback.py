@@ -24,7 +24,8 @@ from blocklab.eval.evaluate import probe_dir, probe_model
 
 def headline(summary: dict[str, Any]) -> dict[str, float]:
     """A few scalars for the loggers: needle accuracy within / beyond the training length and
-    effective length per variant, the LitM best–worst gap per curve."""
+    effective length per variant, the LitM best–worst gap per curve, and the pooled accuracy
+    of every multi-needle variant, hop count and aggregation margin."""
     out = {}
     for variant, s in summary.get("needle", {}).items():
         tag = variant.replace(" ", "_")
@@ -37,6 +38,13 @@ def headline(summary: dict[str, Any]) -> dict[str, float]:
             out[f"probe/litm_{name}/mean"] = sum(s["accuracy_by_gold_position"].values()) / len(
                 s["accuracy_by_gold_position"])
             out[f"probe/litm_{name}/gap"] = s["best_worst_gap"]
+    grids = {"multi_needle": summary.get("multi_needle") or {},
+             "hops": (summary.get("hops") or {}).get("by_hops") or {},
+             "aggregation": summary.get("aggregation") or {}}
+    for probe, per in grids.items():  # pooled accuracy per variant / hop count / margin
+        for variant, s in per.items():
+            if s["pooled"]["accuracy"] is not None:
+                out[f"probe/{probe}_{variant.replace(' ', '_')}/accuracy"] = s["pooled"]["accuracy"]
     return out
 
 

@@ -37,6 +37,9 @@ class ProbeItem:
     candidates: list[list[int]] = field(default_factory=list)
     gold: int = 0
     answer_text: str | None = None  # text space: the gold string for the substring match
+    # text space, several required answers (multi-value / multi-query): every one of these
+    # strings must appear in the generation (``answer_text`` is then their joined form)
+    answer_texts: list[str] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -163,6 +166,120 @@ def _item(cell: dict[str, Any], ex: syn.Example, **meta: Any) -> ProbeItem:
                      gold=cands.index(answer), meta={"n_tokens": len(ex.tokens), **meta})
 
 
+# ------------------------------------------------- multi-needle, variable tracking, aggregation
+# Answers may be several tokens (multi-value: the key's values in order of appearance;
+# multi-query: the asked keys' values in the order asked); ``argmax`` / ``exact`` need all of
+# them, ``partial`` is the share found (RULER's "all" score). ``candidates`` are every
+# in-context alternative answer, so the copy line — answering with a random one of them — is
+# 1 / len(candidates); chance is a random value per answer token, (1 / n_values) ** tokens.
+
+FILLER_CYCLE = ("iid", "phrase", "markov")  # fillers rotate over the samples of a cell
+
+
+def _multi_item(cell: dict[str, Any], ex: syn.Example, **meta: Any) -> ProbeItem:
+    start = ex.answer_start
+    return ProbeItem(cell=cell, prompt=ex.tokens[:start], answer=ex.tokens[start:],
+                     candidates=[list(a) for a in ex.meta["answers"]], gold=ex.meta["gold"],
+                     meta={"n_tokens": len(ex.tokens), **meta})
+
+
+def multi_needle_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
+                       max_length: int | None) -> list[Cell]:
+    """Multi-key / multi-value / multi-query needles: variants × lengths, ``n`` items per cell,
+    every needle at its own uniform depth (``depths``: all needles, ``gold_depths``: the
+    answer's, in answer order)."""
+    p = spec.multi_needle
+    cells = []
+    for variant in p.variants:
+        n_answer = syn.multi_needle_answer_length(variant, p.values, p.queries)
+        need = syn.multi_needle_min_length(variant, p.keys, p.values, p.queries)
+        n_cands = p.keys  # one alternative answer per key (multikey/-value), per shift (-query)
+        for length in lengths_of(p.lengths, train_length):
+            key = {"probe": "multi_needle", "variant": variant, "length": length}
+            na = fits(length, max_length)
+            if na is None and length < need:
+                na = f"n/a: length {length} < {need} for {variant} (keys={p.keys}, " \
+                     f"values={p.values}, queries={p.queries})"
+            cell = Cell(key, [], na, copy_any_value=1 / n_cands,
+                        chance=(1 / vocab.n_values) ** n_answer)
+            if na is None:
+                salt = f"probe:multi_needle:{variant}:{length}"
+                for i in range(p.n):
+                    ex = syn.multi_needle(syn.example_rng(spec.seed, i, salt), vocab, length,
+                                          variant=variant, keys=p.keys, values=p.values,
+                                          queries=p.queries,
+                                          filler=FILLER_CYCLE[i % len(FILLER_CYCLE)],
+                                          seed=spec.seed)
+                    m = ex.meta
+                    cell.items.append(_multi_item(
+                        key, ex, depths=m["depths"], gold_depths=m["gold_depths"],
+                        actual_depth=m["gold_depths"][0],
+                        distance=m["query_index"] - min(m["gold_indices"])))
+            cells.append(cell)
+    return cells
+
+
+def hops_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
+               max_length: int | None) -> list[Cell]:
+    """Variable tracking: hops × lengths, ``distractor_chains`` other chains of the same
+    length; ``farthest_depth`` is the depth of the queried chain's root statement (uniform),
+    ``hop_depths`` every statement's, in chain order."""
+    p = spec.hops
+    c = p.distractor_chains
+    cells = []
+    for h in p.hops:
+        need = syn.multihop_min_length(h, c)
+        for length in lengths_of(p.lengths, train_length):
+            key = {"probe": "hops", "variant": f"{h} hops", "hops": h, "length": length}
+            na = fits(length, max_length)
+            if na is None and length < need:
+                na = f"n/a: length {length} < {need} for {c + 1} chains of {h} hops"
+            cell = Cell(key, [], na, copy_any_value=1 / (c + 1), chance=1 / vocab.n_values)
+            if na is None:
+                salt = f"probe:hops:{h}:{c}:{length}"
+                for i in range(p.n):
+                    ex = syn.multihop(syn.example_rng(spec.seed, i, salt), vocab, length,
+                                      hops=h, distractor_chains=c,
+                                      filler=FILLER_CYCLE[i % len(FILLER_CYCLE)], seed=spec.seed)
+                    m = ex.meta
+                    cell.items.append(_multi_item(
+                        key, ex, farthest_depth=m["farthest_depth"], hop_depths=m["hop_depths"],
+                        actual_depth=m["farthest_depth"],
+                        distance=m["query_index"] - m["hop_indices"][0]))
+            cells.append(cell)
+    return cells
+
+
+def aggregation_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
+                      max_length: int | None) -> list[Cell]:
+    """Aggregation: margins × lengths, ``candidates`` ids; ``winner_share`` (the winner's share
+    of all candidate occurrences: what copying a random occurrence scores) per item."""
+    p = spec.aggregation
+    k = p.candidates
+    cells = []
+    for margin in p.margins:
+        need = syn.counting_min_length(k, margin)
+        for length in lengths_of(p.lengths, train_length):
+            key = {"probe": "aggregation", "variant": f"margin {margin}", "margin": margin,
+                   "length": length}
+            na = fits(length, max_length)
+            if na is None and length < need:
+                na = f"n/a: length {length} < {need} for {k} candidates, margin {margin}"
+            cell = Cell(key, [], na, copy_any_value=1 / k, chance=1 / vocab.n_values)
+            if na is None:
+                salt = f"probe:aggregation:{k}:{margin}:{length}"
+                for i in range(p.n):
+                    ex = syn.counting(syn.example_rng(spec.seed, i, salt), vocab, length,
+                                      candidates=k, margin=margin,
+                                      filler=FILLER_CYCLE[i % len(FILLER_CYCLE)], seed=spec.seed)
+                    m = ex.meta
+                    cell.items.append(_multi_item(
+                        key, ex, gold_depths=m["gold_depths"], winner_share=m["winner_share"],
+                        distance=m["query_index"] - m["gold_indices"][0]))
+            cells.append(cell)
+    return cells
+
+
 def markov_stream(data_seed: int, probe_seed: int, vocab: syn.Vocab, n_tokens: int) -> list[int]:
     """A held-out token stream from the training data's Markov chain (the perplexity probe's
     text in token space): the chain is the data seed's, the sample the probe seed's."""
@@ -184,6 +301,18 @@ class TokenBuilder:
 
     def litm_cells(self, spec: ProbeSpec, max_length: int | None) -> list[Cell]:
         return litm_cells(spec, self.vocab, max_length)
+
+    def multi_needle_cells(self, spec: ProbeSpec, train_length: int,
+                           max_length: int | None) -> list[Cell]:
+        return multi_needle_cells(spec, self.vocab, train_length, max_length)
+
+    def hops_cells(self, spec: ProbeSpec, train_length: int,
+                   max_length: int | None) -> list[Cell]:
+        return hops_cells(spec, self.vocab, train_length, max_length)
+
+    def aggregation_cells(self, spec: ProbeSpec, train_length: int,
+                          max_length: int | None) -> list[Cell]:
+        return aggregation_cells(spec, self.vocab, train_length, max_length)
 
     def stream(self, spec: ProbeSpec, n_tokens: int) -> tuple[list[int], int | None]:
         """The held-out Markov stream; ``ValueError`` (-> N/A rows) when the model was never

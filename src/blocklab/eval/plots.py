@@ -224,6 +224,76 @@ def plot_niah(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     return save_png(fig, path)
 
 
+# --------------------------------------------------------------------------- other probe kinds
+
+
+_GRID_TEXT = {
+    "multi_needle": ("needle variant", "Multi-key / multi-value / multi-query needles"),
+    "hops": ("hops (assignments in the chain)", "Variable tracking: accuracy by hops and length"),
+    "aggregation": ("margin (winner - runner-up count)", "Aggregation: accuracy by margin and length"),
+}
+
+
+def plot_grid(cells: Iterable[Cell], path: str | os.PathLike[str], *, probe: str,
+              row_key: str, train_length: int | None, title: str = "") -> Path:
+    """One heatmap of ``probe``'s accuracy, ``row_key`` (variant, hops or margin) × length,
+    drawn like the needle heatmap (N/A grey, absent blank, training length boxed); the
+    chance and copy lines of each row in its tick label."""
+    from matplotlib import colormaps
+
+    rows = _select(cells, probe)
+    lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None})
+    if not lengths:
+        raise ValueError(f"{probe} cells carry no 'length' to plot")
+    numeric = row_key != "variant"
+    keys = list(dict.fromkeys((finite_int(r.get(row_key)) if numeric else _variant(r))
+                              for r in rows))
+    if numeric:
+        keys = sorted(k for k in keys if k is not None)
+    row_of = {k: i for i, k in enumerate(keys)}
+    col = {n: j for j, n in enumerate(lengths)}
+    acc_rows: dict[tuple[int, int], list[Cell]] = defaultdict(list)
+    for r in rows:
+        k = finite_int(r.get(row_key)) if numeric else _variant(r)
+        n = finite_int(r.get("length"))
+        if k in row_of and n is not None:
+            acc_rows[(row_of[k], col[n])].append(r)
+    import numpy as np
+
+    acc = np.full((len(keys), len(lengths)), np.nan)
+    state = np.zeros((len(keys), len(lengths)), dtype=int)
+    for (i, j), grp in acc_rows.items():
+        mean = _ok_mean(grp)
+        if mean is None:
+            state[i, j] = 2
+        else:
+            acc[i, j], state[i, j] = mean, 1
+    labels = []
+    for k in keys:
+        krows = [r for r in rows if (finite_int(r.get(row_key)) if numeric else _variant(r)) == k]
+        copy_v, chance_v = _first_values(krows, "copy_any_value"), _first_values(krows, "chance")
+        lines = [str(k)]
+        if copy_v:
+            lines.append(f"copy {copy_v[0]:.2f}")
+        if chance_v:
+            lines.append(f"chance {chance_v[0]:.2g}")
+        labels.append("\n".join(lines))
+    cmap = colormaps["viridis"].with_extremes(bad=_NA_COLOUR)
+    n_rows, n_cols = len(keys), len(lengths)
+    fig = new_figure((max(4.0, 0.95 * n_cols + 3.0), max(2.8, 0.75 * n_rows + 1.8)))
+    ax = fig.subplots()
+    image = _draw_niah_panel(ax, acc, state, cmap, 9 if n_cols <= 8 else 7)
+    ax.set_xticks(range(n_cols), _length_labels(lengths, train_length), fontsize=8)
+    ax.set_yticks(range(n_rows), labels, fontsize=8)
+    ax.set_xlabel("context length (tokens)")
+    ylabel, default_title = _GRID_TEXT.get(probe, (row_key, probe))
+    ax.set_ylabel(ylabel)
+    _mark_train_length(ax, lengths, train_length, n_rows)
+    fig.colorbar(image, ax=ax, label="accuracy", shrink=0.9, pad=0.02)
+    ax.set_title(f"{default_title}\n{title}" if title else default_title, fontsize=10)
+    return save_png(fig, path)
+
+
 # --------------------------------------------------------------------------- lost in the middle
 
 

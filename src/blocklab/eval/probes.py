@@ -3,7 +3,9 @@ write the long-form CSV, the JSON summary and the PNGs (docs/probes.md, "Grids a
 
 This module only orchestrates; each job has its own module:
 
-- ``blocklab.eval.items`` (token space) / ``blocklab.eval.textspace`` build the cells and items;
+- ``blocklab.eval.items`` (token space) / ``blocklab.eval.textspace`` build the cells and items
+  (needles, lost in the middle, multi-key / multi-value / multi-query needles, variable
+  tracking, aggregation);
 - ``blocklab.eval.scoring`` scores each item (argmax accuracy, greedy exact match, log-prob,
   margin over the best other in-context answer, gold rank, the copy-any-value shortcut);
 - ``blocklab.eval.aggregate`` turns the scores into cell rows with Wilson 95% intervals and the
@@ -24,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.config import ProbeSpec
-from blocklab.eval.aggregate import cell_row, litm_summary, needle_summary
+from blocklab.eval.aggregate import (
+    aggregation_summary,
+    cell_row,
+    hops_summary,
+    litm_summary,
+    multi_needle_summary,
+    needle_summary,
+)
 from blocklab.eval.items import Cell, lengths_of
 from blocklab.eval.perplexity import perplexity_rows
 from blocklab.eval.report import format_report, write
@@ -48,6 +57,12 @@ def _build(builder, spec: ProbeSpec, train_length: int, max_length: int | None) 
         cells += builder.needle_cells(spec, train_length, max_length)
     if spec.litm.enabled:
         cells += builder.litm_cells(spec, max_length)
+    if spec.multi_needle.enabled:
+        cells += builder.multi_needle_cells(spec, train_length, max_length)
+    if spec.hops.enabled:
+        cells += builder.hops_cells(spec, train_length, max_length)
+    if spec.aggregation.enabled:
+        cells += builder.aggregation_cells(spec, train_length, max_length)
     return cells
 
 
@@ -100,6 +115,9 @@ def run_spec(backend, spec: ProbeSpec, *, builder, train_length: int, keys: dict
         "build_seconds": round(t_build, 2),
         "needle": needle_summary(rows, scored, train_length, spec.threshold),
         "litm": litm_summary(rows),
+        "multi_needle": multi_needle_summary(rows),
+        "hops": hops_summary(rows, scored),
+        "aggregation": aggregation_summary(rows),
         "perplexity": [{k: r[k] for k in ("variant", "length", "n", "nll", "ppl", "status")}
                        for r in ppl_rows],
     }

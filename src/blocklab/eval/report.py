@@ -1,5 +1,6 @@
 """Writing a probe result (docs/probes.md, "Grids and reports"): the long-form ``cells.csv``
-(one row per cell), ``examples.csv`` (one row per scored item), ``summary.json`` and the PNGs,
+(one row per cell), ``examples.csv`` (one row per scored item), ``summary.json`` and the PNGs
+(needle and lost-in-the-middle, one heatmap per new probe kind, perplexity),
 all into one report folder; and the plain-text table printed at the end of training and by
 ``blocklab-eval``.
 
@@ -67,6 +68,13 @@ def _plots(result: ProbeResult, folder: Path, train_length: int) -> dict[str, st
                                           train_length=train_length, title=title).name
     if "litm" in probes:
         out["litm_png"] = plots.plot_litm(result.cells, folder / "litm.png", title=title).name
+    for probe, name, row_key in (("multi_needle", "multi_needle_png", "variant"),
+                                 ("hops", "hops_png", "hops"),
+                                 ("aggregation", "aggregation_png", "margin")):
+        if probe in probes:
+            out[name] = plots.plot_grid(result.cells, folder / f"{probe}.png", probe=probe,
+                                        row_key=row_key, train_length=train_length,
+                                        title=title).name
     if any(c["probe"] == "perplexity" and c.get("ppl") is not None for c in result.cells):
         out["perplexity_png"] = plots.plot_perplexity(
             result.cells, folder / "perplexity.png", train_length=train_length, title=title).name
@@ -114,6 +122,46 @@ def _litm_lines(litm: dict[str, Any]) -> list[str]:
     return lines
 
 
+_KIND_TITLES = {
+    "multi_needle": ("multi-needle", "all answers right; partial = share of answers found"),
+    "hops": ("variable tracking", "root value of the queried chain"),
+    "aggregation": ("aggregation", "the most frequent candidate"),
+}
+
+
+def _grid_lines(probe: str, per: dict[str, Any]) -> list[str]:
+    """One block per probe kind: a length header, then accuracy (and partial credit when it
+    differs) per variant, with the pooled interval and the chance / copy lines."""
+    if not per:
+        return []
+    title, what = _KIND_TITLES[probe]
+    lengths = list(dict.fromkeys(x for s in per.values() for x in s["accuracy_by_length"]))
+    lines = [f"{title} (argmax accuracy: {what}):",
+             "  " + f"{'length':<14}" + "".join(f"{x:>8}" for x in lengths)]
+    for variant, s in per.items():
+        acc = s["accuracy_by_length"]
+        lines.append("  " + f"{variant:<14}" + "".join(f"{_fmt(acc.get(x)):>8}" for x in lengths))
+        part = s["partial_by_length"]
+        if any(part.get(x) is not None and part.get(x) != acc.get(x) for x in lengths):
+            lines.append("  " + f"{'  partial':<14}"
+                         + "".join(f"{_fmt(part.get(x)):>8}" for x in lengths))
+        p = s["pooled"]
+        extra = (f", occurrence line {_fmt(s['winner_share'])}"
+                 if s.get("winner_share") is not None else "")
+        lines.append(f"    pooled {_fmt(p['accuracy'])} [{_fmt(p['ci_low'])}, "
+                     f"{_fmt(p['ci_high'])}] n={p['n']} (copy-any-value "
+                     f"{_fmt(s['copy_any_value'])}, chance {_fmt(s['chance'], '.2g')}{extra})")
+    return lines
+
+
+def _hops_depth_lines(hops: dict[str, Any]) -> list[str]:
+    rows = hops.get("by_farthest_depth") or []
+    if not rows:
+        return []
+    return ["  by farthest-hop depth (all hop counts): " + " ".join(
+        f"[{r['depth_from']:.1f},{r['depth_to']:.1f}):{r['accuracy']:.2f}" for r in rows)]
+
+
 def _perplexity_lines(rows: list[dict[str, Any]]) -> list[str]:
     na = {r["status"] for r in rows if r["ppl"] is None}
     if rows and len(na) == 1 and all(r["ppl"] is None for r in rows):
@@ -131,6 +179,11 @@ def format_report(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for variant, s in summary["needle"].items():
         lines += _needle_lines(variant, s)
     lines += _litm_lines(summary["litm"])
+    lines += _grid_lines("multi_needle", summary.get("multi_needle") or {})
+    hops = summary.get("hops") or {}
+    lines += _grid_lines("hops", hops.get("by_hops") or {})
+    lines += _hops_depth_lines(hops)
+    lines += _grid_lines("aggregation", summary.get("aggregation") or {})
     lines += _perplexity_lines(summary["perplexity"])
     lines.append(f"({summary['n_examples']} examples in {summary['seconds']:.1f} s)")
     return "\n".join(lines)

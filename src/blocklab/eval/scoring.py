@@ -2,8 +2,9 @@
 
 For each item: argmax accuracy (every answer token the argmax under teacher forcing), greedy
 exact match of the whole answer through the KV cache (text space: normalized substring match of
-the generation), log-prob of the gold answer, its margin over the best other in-context answer,
-the rank of the gold first token in the vocabulary, and whether the prediction is *any*
+the generation; with several required answers, ``answer_texts``, every one of them), the
+partial-credit share of the answers found (RULER's "all" score, arXiv 2404.06654), log-prob
+of the gold answer, its margin over the best other in-context answer, the rank of the gold first token in the vocabulary, and whether the prediction is *any*
 in-context answer (the copy-any-value shortcut: a model that copies some value scores
 1/(k+1) with k distractors without retrieving anything).
 
@@ -35,9 +36,48 @@ def score_items(backend, items: list[ProbeItem], *, batch_size: int,
                 max_new_tokens: int | None = None) -> list[dict[str, Any]]:
     """Per-example scores, batched (no per-example Python in the model's hot path)."""
     out: list[dict[str, Any]] = []
-    for start in range(0, len(items), batch_size):
-        out += _score_batch(backend, items[start:start + batch_size], decode, max_new_tokens)
+    for batch in _batches(items, batch_size):
+        out += _score_batch(backend, batch, decode, max_new_tokens)
     return out
+
+
+def _batches(items: list[ProbeItem], batch_size: int) -> list[list[ProbeItem]]:
+    """Consecutive items, at most ``batch_size`` per batch, never mixing answer lengths: an
+    encoder answers in as many masked slots as the batch's longest answer, so a one-token
+    answer batched with a four-token one would be asked with four masks."""
+    out: list[list[ProbeItem]] = []
+    for it in items:
+        if out and len(out[-1]) < batch_size and len(out[-1][0].answer) == len(it.answer):
+            out[-1].append(it)
+        else:
+            out.append([it])
+    return out
+
+
+def partial_credit(generated: list[int], answer: list[int]) -> float:
+    """RULER's "all" score in token space: the share of the gold answer tokens found among the
+    first ``len(answer)`` generated tokens, order-free, each generated token matching at most
+    one gold token (multiset intersection)."""
+    pool = list(generated[: len(answer)])
+    found = 0
+    for tok in answer:
+        if tok in pool:
+            pool.remove(tok)
+            found += 1
+    return found / len(answer)
+
+
+def text_match(answer_text: str | None, answer_texts: list[str] | None,
+               generation: str) -> tuple[bool, float]:
+    """(exact, partial) of a text-space generation: with ``answer_texts`` every string must be
+    found (normalized substring) and ``partial`` is the share found; else the one
+    ``answer_text`` (partial = exact)."""
+    g = normalize(generation)
+    if answer_texts:
+        found = [normalize(a) in g for a in answer_texts]
+        return all(found), sum(found) / len(found)
+    hit = normalize(answer_text or "") in g
+    return hit, float(hit)
 
 
 def _teacher_forced(backend, items: list[ProbeItem]) -> dict[str, Any]:
@@ -100,25 +140,31 @@ def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> lis
     # One-token answers without text: the first greedy token *is* the argmax of this
     # distribution (the KV-cached generation path is checked to agree in tests), so no greedy.
     needs_greedy = not (decode is None and width == 1)
+    # Text space generates max_new_tokens, but never fewer than the gold answer's tokens plus
+    # a little: a multi-value answer (several numbers, one token per digit) must be able to fit.
+    n_new = width if max_new_tokens is None else max(max_new_tokens, width + 4)
     if getattr(backend, "shares_prefix", False):
-        s, generated = _from_prefix(backend, items, (max_new_tokens or width) if needs_greedy
-                                    else None)
+        s, generated = _from_prefix(backend, items, n_new if needs_greedy else None)
     else:
         s = _teacher_forced(backend, items)
-        generated = (backend.greedy([it.prompt for it in items], max_new_tokens or width)
+        generated = (backend.greedy([it.prompt for it in items], n_new)
                      if needs_greedy else None)
     if generated is None:
         exact = s["argmax"].tolist()
+        partial = [float(x) for x in exact]
     else:
-        exact = []
+        exact, partial = [], []
         for it, g in zip(items, generated):
-            if decode is not None and it.answer_text is not None:
-                exact.append(normalize(it.answer_text) in normalize(decode(g)))
+            if decode is not None and (it.answer_text is not None or it.answer_texts):
+                hit, share = text_match(it.answer_text, it.answer_texts, decode(g))
             else:
-                exact.append(g[: len(it.answer)] == it.answer)
+                hit, share = g[: len(it.answer)] == it.answer, partial_credit(g, it.answer)
+            exact.append(hit)
+            partial.append(share)
     rows = []
     for i, it in enumerate(items):
         row = {**it.cell, "argmax": bool(s["argmax"][i]), "exact": bool(exact[i]),
+               "partial": partial[i],
                "logprob": float(s["logprob"][i]), "margin": float(s["margin"][i]),
                "rank": int(s["rank"][i]), "any_value": bool(s["any_value"][i]), **it.meta}
         if generated is not None and decode is not None:

@@ -3,93 +3,181 @@ and the preallocated KV cache. Which key a query may see is decided in masks.py 
 consumes a :class:`~blocklab.model.masks.Visibility`.
 
 Shape legend: B batch, T tokens, H query heads, Hkv key/value heads, D d_head, d d_model,
-L layers, C cache capacity.
+L layers, C cache capacity, S ring slots of a local (sliding-window) layer.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig
-from blocklab.model.masks import Visibility
+from blocklab.model.masks import Visibility, layer_window, token_order
 from blocklab.model.position import apply_rotary
+
+
+@dataclass(frozen=True)
+class CachedKeys:
+    """What one stack forward attends over, from :meth:`KVCache.begin`: the key metadata of
+    global layers (the whole buffer so far) and of local layers (ring slots, then the new
+    tokens), each None when the stack has no layer of that kind."""
+
+    positions: Tensor | None  # (B, Tk) global layers' key positions
+    valid: Tensor | None  # (B, Tk) bool, None = no padding so far
+    local_positions: Tensor | None  # (B, S + T) ring slots, then the new tokens
+    local_valid: Tensor | None  # (B, S + T) bool: a real token in that slot
+    local_order: Tensor | None  # (B, S + T) each key's order (index among the row's real tokens)
+    q_order: Tensor | None  # (B, T) the new tokens' orders
 
 
 class KVCache:
     """Preallocated K/V buffers for every layer of one stack, plus per-slot key metadata
     (position ids and validity) so that relative biases and padding masks see the past.
 
-    Decoding writes new keys at ``[length, length + T)``; the stack advances ``length`` once per
-    forward. Cross-attention K/V (encoder–decoder) are computed once and kept in ``cross``.
+    Global layers: decoding writes new keys at ``[length, length + T)`` of ``capacity`` slots;
+    the stack advances ``length`` once per forward. Local (sliding-window) layers
+    (``window``/``global_every``, :func:`~blocklab.model.masks.layer_window`) keep a ring of
+    ``S = min(window - 1, capacity)`` slots instead, memory proportional to the window: a
+    forward attends over the ring plus its own new keys (a transient copy), then writes each
+    row's last ``S`` real tokens into the ring (token order ``o`` -> slot ``o mod S``), with
+    their positions, orders and validity, which is all a later query's window can reach.
+    Cross-attention K/V (encoder–decoder) are computed once and kept in ``cross``.
     The buffers are written in place, so decoding runs without autograd (``torch.no_grad`` or
     ``torch.inference_mode``); a write that would need gradients is refused.
     """
 
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, d_head: int, capacity: int,
-                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        shape = (n_layers, batch, n_kv_heads, capacity, d_head)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L, B, Hkv, C, D)
+                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 window: int | None = None, global_every: int = 0) -> None:
+        self.layer_windows = [layer_window(window, global_every, i) for i in range(n_layers)]
+        local = [w is not None for w in self.layer_windows]
+        # layer -> its index among the global (k, v) or the local (ring_k, ring_v) buffers
+        self._index = [sum(1 for other in local[:i] if other == local[i]) for i in range(n_layers)]
+        self._local = local
+        n_local = sum(local)
+        n_global = n_layers - n_local
+        self.slots = min(window - 1, capacity) if n_local else 0  # type: ignore[operator]
+        shape = (n_global, batch, n_kv_heads, capacity, d_head)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L_global, B, Hkv, C, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._k, self._v = self.k.unbind(0), self.v.unbind(0)  # (B, Hkv, C, D) views per layer
-        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        ring = (n_local, batch, n_kv_heads, self.slots, d_head)
+        self.ring_k = torch.zeros(ring, dtype=dtype, device=device)  # (L_local, B, Hkv, S, D)
+        self.ring_v = torch.zeros(ring, dtype=dtype, device=device)
+        global_capacity = capacity if n_global else 0
+        self.positions = torch.zeros(batch, global_capacity, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, global_capacity, dtype=torch.bool, device=device)
+        self.ring_positions = torch.zeros(batch, self.slots, dtype=torch.long, device=device)
+        self.ring_order = torch.zeros(batch, self.slots, dtype=torch.long, device=device)
+        self.ring_valid = torch.zeros(batch, self.slots, dtype=torch.bool, device=device)
+        self.seen = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row
+        self.next_position = torch.zeros(batch, dtype=torch.long, device=device)
+        self._capacity = capacity
         self.has_padding = False
         self.length = 0
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
+        self._pending: tuple[Tensor, Tensor, Tensor] | None = None  # this forward's ring writes
+        self._views()
+
+    def _views(self) -> None:
+        self._k, self._v = self.k.unbind(0), self.v.unbind(0)  # (B, Hkv, C, D) views per layer
+        self._rk, self._rv = self.ring_k.unbind(0), self.ring_v.unbind(0)  # (B, Hkv, S, D)
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[3]
+        return self._capacity
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the self-attention K/V buffers (the dense-cache formula's quantity)."""
-        return self.k.nbytes + self.v.nbytes
+        """Bytes held by the self-attention K/V buffers (the cache formula's quantity): the
+        global layers' ``capacity`` slots and the local layers' rings."""
+        return self.k.nbytes + self.v.nbytes + self.ring_k.nbytes + self.ring_v.nbytes
 
-    def begin(self, positions: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """Record the new tokens' positions/validity; return those of every key so far."""
+    def begin(self, positions: Tensor, valid: Tensor | None) -> CachedKeys:
+        """Record the new tokens' positions/validity; return the metadata of every key that
+        global and local layers attend over in this forward."""
         start, end = self.length, self.length + positions.shape[1]
         if end > self.capacity:
             raise ValueError(f"KV cache full: {end} tokens > capacity {self.capacity}")
-        self.positions[:, start:end] = positions
-        self.valid[:, start:end] = True if valid is None else valid
-        self.has_padding = self.has_padding or (valid is not None and not bool(valid.all()))
-        return self.positions[:, :end], (self.valid[:, :end] if self.has_padding else None)
+        b, t = positions.shape
+        real = torch.ones_like(positions, dtype=torch.bool) if valid is None else valid.bool()
+        q_order = self.seen[:, None] + token_order(valid, b, t, positions.device)  # (B, T)
+        self.seen = self.seen + real.sum(-1)
+        self.next_position = torch.maximum(self.next_position,
+                                           torch.where(real, positions + 1, 0).amax(-1))
+        if valid is not None and not self.has_padding:
+            self.has_padding = not bool(real.all())
+        g_positions = g_valid = None
+        if self.k.shape[0]:
+            self.positions[:, start:end] = positions
+            self.valid[:, start:end] = real
+            g_positions = self.positions[:, :end]
+            g_valid = self.valid[:, :end] if self.has_padding else None
+        if not self.ring_k.shape[0]:
+            return CachedKeys(g_positions, g_valid, None, None, None, None)
+        keys = CachedKeys(g_positions, g_valid,
+                          torch.cat((self.ring_positions, positions), 1),
+                          torch.cat((self.ring_valid, real), 1),
+                          torch.cat((self.ring_order, q_order), 1), q_order)
+        if self.slots:  # the last S real tokens of each row go to the ring, after attention
+            keep = real & (q_order >= self.seen[:, None] - self.slots)
+            rows, cols = keep.nonzero(as_tuple=True)
+            order = q_order[rows, cols]
+            slots = order % self.slots
+            self._pending = (rows, cols, slots)
+            self.ring_positions[rows, slots] = positions[rows, cols]
+            self.ring_order[rows, slots] = order
+            self.ring_valid[rows, slots] = True
+        return keys
 
     def next_positions(self) -> Tensor:
         """(B,) the position after each row's last real cached token (what a caller's decode
         loop continues from when it passes no ``positions``)."""
-        end = self.length
-        return torch.where(self.valid[:, :end], self.positions[:, :end] + 1, 0).amax(-1)
+        return self.next_position.clone()
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store this layer's new K/V (B, Hkv, T, D); return all K/V so far (B, Hkv, length+T, D)."""
+        """Store this layer's new K/V (B, Hkv, T, D); return the K/V it attends over: global
+        layers every key so far (B, Hkv, length+T, D), local layers the ring slots, then the new
+        keys (B, Hkv, S+T, D), in the order of :meth:`begin`'s metadata."""
         if k.requires_grad:
             raise RuntimeError("KV cache: decoding with a cache needs gradients off; wrap the "
                                "loop in torch.no_grad() or torch.inference_mode() (generate() "
                                "does); to train, call the model without cache=")
+        i = self._index[layer]
+        if self._local[layer]:
+            rk, rv = self._rk[i], self._rv[i]
+            keys, values = torch.cat((rk, k), 2), torch.cat((rv, v), 2)  # copies: ring is free
+            if self._pending is not None:
+                rows, cols, slots = self._pending
+                rk[rows, :, slots] = k[rows, :, cols]
+                rv[rows, :, slots] = v[rows, :, cols]
+            return keys, values
         start, end = self.length, self.length + k.shape[2]
-        kl, vl = self._k[layer], self._v[layer]  # per-layer views, made once
+        kl, vl = self._k[i], self._v[i]  # per-layer views, made once
         kl[:, :, start:end] = k
         vl[:, :, start:end] = v
         return kl[:, :, :end], vl[:, :, :end]
 
     def advance(self, n: int) -> None:
         self.length += n
+        self._pending = None
 
     def select(self, rows: Tensor) -> KVCache:
         """A new cache whose row ``j`` is a copy of row ``rows[j]`` of this one (rows may repeat),
         so several continuations of each prefix run from one prefill."""
         new = KVCache.__new__(KVCache)
-        new.k, new.v = self.k.index_select(1, rows), self.v.index_select(1, rows)
-        new._k, new._v = new.k.unbind(0), new.v.unbind(0)
-        new.positions = self.positions.index_select(0, rows)
-        new.valid = self.valid.index_select(0, rows)
-        new.has_padding, new.length = self.has_padding, self.length
+        new.__dict__.update(self.__dict__)
+        for name in ("k", "v", "ring_k", "ring_v"):
+            setattr(new, name, getattr(self, name).index_select(1, rows))
+        for name in ("positions", "valid", "ring_positions", "ring_order", "ring_valid",
+                     "seen", "next_position"):
+            setattr(new, name, getattr(self, name).index_select(0, rows))
+        new._pending = None
         new.cross = [None if kv is None else tuple(t.index_select(0, rows) for t in kv)
                      for kv in self.cross]
+        new._views()
         return new
 
 

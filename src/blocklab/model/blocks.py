@@ -15,19 +15,30 @@ from torch import Tensor, nn
 from blocklab.config import ModelConfig
 from blocklab.model.attention import CrossAttention, KVCache
 from blocklab.model.estimate import params_of
-from blocklab.model.masks import Visibility
+from blocklab.model.masks import Visibility, layer_window
 from blocklab.registry import lookup
 
 
 @dataclass
 class Context:
-    """Everything a block needs besides ``x``; built once per stack forward."""
+    """Everything a block needs besides ``x``; built once per stack forward. A stack with local
+    (sliding-window) layers builds both self-attention visibilities once, ``visibility`` for
+    its global layers and ``local_visibility`` for its local ones (None where it has none)."""
 
-    visibility: Visibility
+    visibility: Visibility | None
     rotary: tuple[Tensor, Tensor] | None = None
     cache: KVCache | None = None
     memory: Tensor | None = None  # encoder output (B, S, d), encoder–decoder only
     cross_visibility: Visibility | None = None
+    local_visibility: Visibility | None = None
+
+    def self_visibility(self, window: int | None) -> Visibility:
+        """The self-attention visibility of a layer with this window (None = global)."""
+        vis = self.visibility if window is None else self.local_visibility
+        if vis is None:
+            kind = "global" if window is None else f"local (window {window})"
+            raise ValueError(f"Context has no visibility for a {kind} layer")
+        return vis
 
 
 class Block(nn.Module):
@@ -41,6 +52,9 @@ class Block(nn.Module):
     def __init__(self, m: ModelConfig, layer: int, *, cross: bool) -> None:
         super().__init__()
         self.layer = layer
+        #: Keys per query of this layer's self-attention (None = global): model.attention.window
+        #: on the layers model.attention.global_every leaves local (masks.layer_window).
+        self.window = layer_window(m.attention.window, m.attention.global_every, layer)
         dims = _attention_dims(m)
         self.attn = lookup("attention", m.attention.name)(m.attention, **dims)
         self.cross = CrossAttention(m.attention, **dims) if cross else None
@@ -64,7 +78,8 @@ class Block(nn.Module):
 
     def sublayers(self, ctx: Context) -> list:
         """The residual branches in order, each a function of its (normed) input."""
-        subs = [lambda h: self.attn(h, ctx.visibility, ctx.rotary, ctx.cache, self.layer)]
+        visibility = ctx.self_visibility(self.window)
+        subs = [lambda h: self.attn(h, visibility, ctx.rotary, ctx.cache, self.layer)]
         if self.cross is not None:
             subs.append(lambda h: self.cross(h, ctx.memory, ctx.cross_visibility, ctx.cache,
                                              self.layer))

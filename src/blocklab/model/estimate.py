@@ -73,10 +73,26 @@ class Estimate:
     kv_cache_bytes: int
 
 
-def kv_cache_bytes(m: ModelConfig, batch: int, seq_len: int, bytes_per_value: int) -> int:
-    """Dense self-attention cache: 2 (K and V) · B · L · T · H_kv · d_head · bytes."""
+def cached_slots(m: ModelConfig, seq_len: int) -> tuple[int, int, int]:
+    """``(global layers, local layers, ring slots)`` of the self-attention KV cache for
+    ``seq_len`` tokens: global layers keep every token, local (sliding-window) layers a ring of
+    ``min(window - 1, seq_len)`` slots (the keys a later query's window can still reach)."""
+    from blocklab.model.masks import layer_window
+
     layers = lookup("family", m.family.name).cached_layers(m)
-    return 2 * batch * layers * seq_len * m.kv_heads * m.head_dim * bytes_per_value
+    a = m.attention
+    local = sum(layer_window(a.window, a.global_every, i) is not None for i in range(layers))
+    slots = min(a.window - 1, seq_len) if local else 0  # type: ignore[operator]
+    return layers - local, local, slots
+
+
+def kv_cache_bytes(m: ModelConfig, batch: int, seq_len: int, bytes_per_value: int) -> int:
+    """Self-attention cache: 2 (K and V) · B · H_kv · d_head · bytes · (L_global · T +
+    L_local · min(window - 1, T)); without a window, the dense 2 · B · L · T · H_kv · d_head ·
+    bytes. (A forward also holds its own new tokens' K/V transiently, not counted.)"""
+    n_global, n_local, slots = cached_slots(m, seq_len)
+    tokens = n_global * seq_len + n_local * slots
+    return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
 
 
 def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
@@ -85,7 +101,9 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
     per attention layer (full-context convention of "PaLM", arXiv 2204.02311; encoder–decoder
     cross-attention counted with source length = target length); training = 3× forward.
     Activations: ≈ s·b·d·(34 + 5·H·s/d) bytes per layer at 2-byte values, without recomputation
-    and with materialized scores ("Reducing Activation Recomputation", arXiv 2205.05198)."""
+    and with materialized scores ("Reducing Activation Recomputation", arXiv 2205.05198).
+    A local attention window does not lower FLOPs or activations here: the window is a dense
+    mask over all T×T scores, so the work is the full-context work; it lowers the KV cache."""
     t = seq_len or m.max_seq_len
     # Attention layers: every block's self-attention, plus cross-attention where a stack has it
     # (source length = target length).
@@ -126,5 +144,12 @@ def table(m: ModelConfig, e: Estimate, *, batch: int, seq_len: int, bytes_per_va
         (f"KV cache (B={batch}, T={seq_len}, {bytes_per_value} B/value)",
          f"{e.kv_cache_bytes:,} B ({e.kv_cache_bytes / gib:.3f} GiB)"),
     ]
+    if m.attention.window is not None:
+        n_global, n_local, slots = cached_slots(m, seq_len)
+        g = m.attention.global_every
+        pattern = "every layer local" if not g else f"layers {g}, {2 * g}, ... global"
+        rows.insert(2, ("attention window", f"{m.attention.window} tokens ({pattern})"))
+        rows.append(("KV cache layers", f"{n_global} global x {seq_len} tokens + {n_local} "
+                                        f"local x {slots} ring slots (min(window - 1, T))"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -12,7 +12,9 @@ names with a ``source_`` prefix.
 
 A family component (``FAMILIES``) subclasses :class:`Model` and tells the estimator its shape:
 ``stacks(m)`` (layers and cross-attention per stack), ``head_param_count(m)`` and
-``cached_layers(m)`` (layers with a self-attention KV cache).
+``cached_layers(m)`` (layers with a self-attention KV cache), and config validation whether
+it has a bidirectional stack (``has_bidirectional_stack``: a local attention window must then
+be odd).
 """
 
 from __future__ import annotations
@@ -47,11 +49,17 @@ def default_positions(x: Tensor, valid: Tensor | None, segments: Tensor | None,
 
 
 class Stack(nn.Module):
-    """Position scheme + ``n_layers`` blocks (+ final norm for pre-norm placements)."""
+    """Position scheme + ``n_layers`` blocks (+ final norm for pre-norm placements).
+
+    Local (sliding-window) attention, ``model.attention.window``/``global_every``: each block
+    knows its window (``Block.window``, None = global); the stack builds the global and the
+    local visibility once per forward, as the layers need them (causal window in a causal
+    stack, centred window in a bidirectional one; cross-attention is never windowed)."""
 
     def __init__(self, m: ModelConfig, n_layers: int, *, causal: bool, cross: bool) -> None:
         super().__init__()
         self.causal = causal
+        self.window = m.attention.window  # of the local layers (Block.window), None = none
         self.position = lookup("position", m.position.name)(
             m.position, d_model=m.d_model, d_head=m.head_dim, n_heads=m.n_heads,
             max_seq_len=m.max_seq_len, causal=causal)
@@ -68,17 +76,40 @@ class Stack(nn.Module):
                 memory_segments: Tensor | None = None) -> Tensor:
         """x: (B, T, d) token embeddings -> (B, T, d) hidden states."""
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
-        k_positions, k_valid = positions, valid
-        if cache is not None:
+        windows = [block.window for block in self.blocks]
+        has_global = None in windows
+        has_local = any(w is not None for w in windows)
+        t = x.shape[1]
+        common = {"causal": self.causal, "q_len": t, "device": x.device}
+        global_vis = local_vis = None
+        if cache is None:
+            bias = self.position.score_bias(positions, positions)
+            common.update(k_len=t, key_valid=valid, q_segments=segments, k_segments=segments,
+                          bias=bias)
+            if has_global:
+                global_vis = masks.self_visibility(**common)
+            if has_local:
+                local_vis = masks.self_visibility(**common, window=self.window)
+        else:
             if segments is not None:
                 raise ValueError("segments (packed documents) are a training-time input; a KV "
                                  "cache decodes one document per row")
-            k_positions, k_valid = cache.begin(positions, valid)
+            if cache.layer_windows != windows:
+                raise ValueError(f"KV cache built for layer windows {cache.layer_windows}, this "
+                                 f"stack has {windows}; make it with model.new_cache()")
+            keys = cache.begin(positions, valid)
+            if keys.positions is not None:
+                global_vis = masks.self_visibility(
+                    **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
+                    bias=self.position.score_bias(positions, keys.positions))
+            if keys.local_positions is not None:
+                local_vis = masks.self_visibility(
+                    **common, k_len=keys.local_positions.shape[1], key_valid=keys.local_valid,
+                    bias=self.position.score_bias(positions, keys.local_positions),
+                    window=self.window, q_order=keys.q_order, k_order=keys.local_order)
         ctx = Context(
-            visibility=masks.self_visibility(
-                causal=self.causal, q_len=x.shape[1], k_len=k_positions.shape[1],
-                key_valid=k_valid, q_segments=segments, k_segments=segments,
-                bias=self.position.score_bias(positions, k_positions), device=x.device),
+            visibility=global_vis,
+            local_visibility=local_vis,
             rotary=self.position.rotary(positions),
             cache=cache,
             memory=memory,
@@ -96,6 +127,9 @@ class Model(nn.Module):
 
     #: Whether :func:`blocklab.model.generate.generate` can continue a prompt with this family.
     can_generate: bool = True
+    #: Whether a stack of this family is bidirectional (config validation: a local attention
+    #: window must then be odd, centred on the query).
+    has_bidirectional_stack: bool = False
 
     def __init__(self, m: ModelConfig) -> None:
         super().__init__()
@@ -145,10 +179,12 @@ class Model(nn.Module):
 
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> KVCache:
-        """A preallocated KV cache for this model's (causal) decoder stack."""
+        """A preallocated KV cache for this model's (causal) decoder stack: ``capacity``
+        tokens for global layers, a ring of ``min(window - 1, capacity)`` slots for local ones."""
         m, ref = self.config, self.embed.weight
         return KVCache(len(self.decoder.blocks), batch, m.kv_heads, m.head_dim, capacity,
-                       dtype=dtype or ref.dtype, device=device or ref.device)
+                       dtype=dtype or ref.dtype, device=device or ref.device,
+                       window=m.attention.window, global_every=m.attention.global_every)
 
     # Shape for the estimator (model/estimate.py): stacks, head, cached layers.
     @classmethod
@@ -211,6 +247,7 @@ class EncoderModel(Model):
     """Encoder-only model (BERT): bidirectional stack + masked-LM head."""
 
     can_generate = False
+    has_bidirectional_stack = True
 
     def __init__(self, m: ModelConfig) -> None:
         super().__init__(m)
@@ -249,6 +286,8 @@ class EncoderModel(Model):
 class EncoderDecoderModel(Model):
     """Encoder–decoder (original Transformer, T5): the decoder's blocks add cross-attention over
     the encoder output; one embedding shared by both sides and the LM head."""
+
+    has_bidirectional_stack = True
 
     def __init__(self, m: ModelConfig) -> None:
         super().__init__(m)
