@@ -21,7 +21,7 @@ FLOORS = {
     "model": 3, "data": 3,
     "objectives": 4, "checkpoint": 4,
     "eval": 5, "train": 5, "compare": 5, "convert": 5,
-    "sweep": 6,
+    "sweep": 6, "repro": 6,
     "cli": 7,
 }
 # Same-floor imports that are allowed: training runs the probe callback and the probe runner.

@@ -1,0 +1,79 @@
+"""The ``blocklab-repro`` command line.
+
+    blocklab-repro --list
+    blocklab-repro mqar --seeds 3                 # the full protocol (default size)
+    blocklab-repro receptive_field --size quick   # the CPU subset CI runs
+    blocklab-repro mqar --size quick --break one-layer   # must FAIL
+
+Exit codes: 0 every expectation met, 1 an expectation missed, 2 a usage error (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from blocklab.repro.experiments import NAMES, SIZES, experiment
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="blocklab-repro",
+        description="Run a reference experiment and check its published result: prints "
+                    "expected vs observed, exits 1 when an expectation is missed.")
+    p.add_argument("name", nargs="?", choices=NAMES, help="the experiment")
+    p.add_argument("--list", action="store_true", help="list the experiments and exit")
+    p.add_argument("--size", choices=SIZES, default="full",
+                   help="full (the documented protocol; default) or quick (the CI subset)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per arm (default: 3 for full, 1 for quick)")
+    p.add_argument("--break", dest="broken", default=None, metavar="WHAT",
+                   help="apply a deliberate defect the check must catch (see --list)")
+    p.add_argument("--root", default="outputs/repro", metavar="DIR",
+                   help="runs are kept (and reused, by every experiment: the receptive-field "
+                        "experiment's global arm is the mqar 2-layer arm) under DIR/runs "
+                        "(default: outputs/repro)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where table.md and result.json go (default: "
+                        "DIR/<name>/<size>[-break-<what>])")
+    return p
+
+
+def _list() -> str:
+    lines = []
+    for name in NAMES:
+        exp = experiment(name, "full")
+        lines.append(f"{name}: {exp.title}")
+        for what, (desc, _) in exp.breaks.items():
+            lines.append(f"    --break {what}: {desc}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.list:
+        print(_list())
+        return
+    if args.name is None:
+        print("blocklab-repro: name an experiment (one of " + ", ".join(NAMES)
+              + "), or --list", file=sys.stderr)
+        sys.exit(2)
+    exp = experiment(args.name, args.size)
+    if args.broken is not None and args.broken not in exp.breaks:
+        print(f"blocklab-repro: --break {args.broken}: not a defect of {args.name}; known: "
+              + ", ".join(exp.breaks), file=sys.stderr)
+        sys.exit(2)
+    if args.seeds is not None and args.seeds < 1:
+        print(f"blocklab-repro: --seeds {args.seeds}: must be >= 1", file=sys.stderr)
+        sys.exit(2)
+    from blocklab.repro.runner import report, run, write
+
+    root = Path(args.root)  # runs are shared by every experiment: root/runs/<key>
+    out = Path(args.out) if args.out else root / args.name / (
+        args.size + (f"-break-{args.broken}" if args.broken else ""))
+    outcome = run(exp, size=args.size, seeds=args.seeds, root=root, broken=args.broken,
+                  log=lambda s: print(s, file=sys.stderr))
+    write(exp, outcome, out)
+    report(exp, outcome)
+    sys.exit(0 if outcome.passed else 1)

@@ -1,0 +1,144 @@
+"""Train an experiment's arms (or reuse finished runs), measure them, check the expectations and
+write the report.
+
+Runs are cached by content: ``<root>/runs/<hash of overrides + seed>/``, so a rerun of the
+check (or a *break* that trains an arm exactly like another one) retrains nothing, and a run that
+was interrupted resumes from its newest checkpoint (``resume=``), exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from blocklab.repro import checks as ck
+from blocklab.repro.experiments import Arm, Experiment
+from blocklab.repro.measure import Tally
+
+# Every run of a reference experiment: no probes during or after training (the experiment
+# measures what it checks itself), CSV logs, quiet.
+RUN_DEFAULTS = ("probes=none", "probes@checkpoint_probes=none", "logger=csv",
+                "trainer.progress_bar=false", "trainer.keep_checkpoints=1")
+
+
+@dataclass
+class Outcome:
+    experiment: str
+    size: str
+    seeds: int
+    broken: str | None
+    rows: list[dict[str, Any]]  # one per check: expected, observed, passed
+    measurements: dict[str, dict[str, list[dict[str, Any]]]]
+    runs: dict[str, list[str]]
+    seconds: float
+    trained: int  # runs trained (not reused) by this invocation
+    files: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return all(r["passed"] for r in self.rows)
+
+
+def run_key(arm: Arm, seed: int) -> str:
+    return hashlib.sha256(json.dumps([list(arm.overrides), seed]).encode()).hexdigest()[:12]
+
+
+def _finished(run_dir: Path) -> bool:
+    return (run_dir / "summary.json").is_file()
+
+
+def train_arm(arm: Arm, seed: int, root: Path, *, experiment: str, log=print) -> tuple[Path, bool]:
+    """The run directory of ``arm`` at ``seed`` (trained now unless finished before) and
+    whether it was trained by this call."""
+    from blocklab.checkpoint import list_checkpoints
+    from blocklab.config import compose
+    from blocklab.train.run import train
+
+    run_dir = root / "runs" / f"{run_key(arm, seed)}-seed{seed}"
+    if _finished(run_dir):
+        return run_dir, False
+    resume = [f"resume={run_dir}"] if run_dir.is_dir() and list_checkpoints(run_dir) else []
+    overrides = [*RUN_DEFAULTS, *arm.overrides, f"seed={seed}", f"data.seed={1234 + seed}",
+                 f"experiment_name=repro_{experiment}", f"run_dir={run_dir}", *resume]
+    log(f"train {arm.name} seed {seed} -> {run_dir}" + (" (resuming)" if resume else ""))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "repro_arm.json").write_text(json.dumps(
+        {"experiment": experiment, "arm": arm.name, "seed": seed,
+         "overrides": list(arm.overrides)}, indent=1))
+    train(compose("train", overrides), overrides)
+    return run_dir, True
+
+
+def run(exp: Experiment, *, size: str, seeds: int | None, root: Path, broken: str | None = None,
+        log=print) -> Outcome:
+    """Train (what is missing), measure, check."""
+    t0 = time.perf_counter()
+    protocol = exp.sizes[size]
+    arms = protocol.arms
+    if broken is not None:
+        arms = exp.breaks[broken][1](arms)
+    n_seeds = seeds or protocol.seeds
+    results: ck.Results = {}
+    runs: dict[str, list[str]] = {}
+    trained = 0
+    for arm in arms:
+        for seed in range(n_seeds):
+            run_dir, new = train_arm(arm, seed, root, experiment=exp.name, log=log)
+            trained += new
+            runs.setdefault(arm.name, []).append(str(run_dir))
+            for metric, tally in exp.measure(run_dir, arm).items():
+                results.setdefault(arm.name, {}).setdefault(metric, []).append(tally)
+    rows = []
+    for check in protocol.checks:
+        observed, passed = check.evaluate(results)
+        rows.append({"expected": check.expected(), "observed": observed, "passed": passed})
+    measurements = {arm: {m: [{"hits": t.hits, "trials": t.trials, "rate": t.rate} for t in ts]
+                          for m, ts in metrics.items()} for arm, metrics in results.items()}
+    return Outcome(exp.name, size, n_seeds, broken, rows, measurements, runs,
+                   round(time.perf_counter() - t0, 1), trained)
+
+
+def table(exp: Experiment, outcome: Outcome) -> str:
+    """The markdown report: expectations (expected, observed, verdict), then every measurement."""
+    lines = [f"# {exp.title}", "", f"Reference: {exp.reference}", "", f"Protocol: {exp.protocol}",
+             "", f"Size {outcome.size}, {outcome.seeds} seed(s)"
+             + (f", BROKEN: {exp.breaks[outcome.broken][0]}" if outcome.broken else "")
+             + f"; {outcome.seconds:.0f} s ({outcome.trained} runs trained).", "",
+             "| expected | observed | verdict |", "|---|---|---|"]
+    lines += [f"| {r['expected']} | {r['observed']} | {'pass' if r['passed'] else 'MISS'} |"
+              for r in outcome.rows]
+    lines += ["", "| arm | measurement | pooled [95% CI] (per seed) |", "|---|---|---|"]
+    for arm, metrics in outcome.measurements.items():
+        for metric, ts in metrics.items():
+            tallies = [Tally(t["hits"], t["trials"]) for t in ts]
+            lines.append(f"| {arm} | {metric} | {ck.describe(tallies)} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(exp: Experiment, outcome: Outcome, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    md = table(exp, outcome)
+    (out / "table.md").write_text(md)
+    outcome.files = {"table": str(out / "table.md"), "result": str(out / "result.json")}
+    payload = {"experiment": outcome.experiment, "size": outcome.size, "seeds": outcome.seeds,
+               "broken": outcome.broken, "passed": outcome.passed, "checks": outcome.rows,
+               "measurements": outcome.measurements, "runs": outcome.runs,
+               "seconds": outcome.seconds, "trained": outcome.trained,
+               "reference": exp.reference, "protocol": exp.protocol}
+    tmp = out / "result.json.tmp"
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(out / "result.json")
+
+
+def report(exp: Experiment, outcome: Outcome, stream=sys.stdout) -> None:
+    print(table(exp, outcome), file=stream)
+    verdict = "PASS" if outcome.passed else "FAIL"
+    missed = sum(not r["passed"] for r in outcome.rows)
+    print(f"{verdict}: {exp.name} ({outcome.size}, {outcome.seeds} seed(s))"
+          + (f": {missed} of {len(outcome.rows)} expectations missed" if missed else "")
+          + (f"; results in {outcome.files['table']}" if outcome.files else ""), file=stream)

@@ -1,0 +1,192 @@
+"""blocklab-repro: the checks decide pass/fail correctly (on hand-made tallies, including the
+borderline cases), measurements are what they claim (exact sequence layouts), runs are cached
+by content and a break reuses them, and the command's exit codes and usage errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from blocklab.data import synthetic as syn
+from blocklab.repro import checks as ck
+from blocklab.repro import experiments as ex
+from blocklab.repro import measure as ms
+from blocklab.repro.runner import run_key
+
+
+def _t(rate: float, n: int = 200) -> ms.Tally:
+    return ms.Tally(round(rate * n), n)
+
+
+def test_at_least_and_at_most_hold_on_every_seed() -> None:
+    res = {"a": {"acc": [_t(0.97), _t(0.96), _t(0.99)]}}
+    assert ck.AtLeast("a", "acc", 0.95).evaluate(res)[1]
+    res["a"]["acc"][1] = _t(0.94)  # one seed below: the pooled mean (0.967) must not rescue it
+    assert not ck.AtLeast("a", "acc", 0.95).evaluate(res)[1]
+    assert ck.AtMost("a", "acc", 0.99).evaluate(res)[1]
+    assert not ck.AtMost("a", "acc", 0.98).evaluate(res)[1]
+
+
+def test_beats_needs_every_seed_and_separated_intervals() -> None:
+    res = {"a": {"m": [_t(0.8), _t(0.82)]}, "b": {"m": [_t(0.3), _t(0.35)]}}
+    assert ck.Beats("a", "m", other="b").evaluate(res)[1]
+    assert not ck.Beats("b", "m", other="a").evaluate(res)[1]
+    # every seed above, but with 20 trials per seed the intervals overlap: not established
+    close = {"a": {"m": [_t(0.6, 20), _t(0.6, 20)]}, "b": {"m": [_t(0.5, 20), _t(0.5, 20)]}}
+    assert not ck.Beats("a", "m", other="b").evaluate(close)[1]
+    # identical runs (a broken variant that trains a like b) can never beat each other
+    same = {"a": {"m": [_t(0.7)]}, "b": {"m": [_t(0.7)]}}
+    assert not ck.Beats("a", "m", other="b").evaluate(same)[1]
+
+
+def test_at_chance_and_close() -> None:
+    chance = 1 / 64
+    assert ck.AtChance("a", "far", chance=chance).evaluate({"a": {"far": [ms.Tally(4, 256)]}})[1]
+    assert not ck.AtChance("a", "far", chance=chance).evaluate(
+        {"a": {"far": [ms.Tally(40, 256)]}})[1]
+    res = {"a": {"n": [_t(0.93)]}, "b": {"n": [_t(0.95)]}}
+    assert ck.Close("a", "n", other="b", tolerance=0.05).evaluate(res)[1]
+    assert not ck.Close("a", "n", other="b", tolerance=0.01).evaluate(res)[1]
+    with pytest.raises(KeyError, match="no measurement"):
+        ck.AtLeast("zzz", "n", 0.5).evaluate(res)
+
+
+def test_elimination_line() -> None:
+    assert ex.elimination_line(1) == 1.0
+    assert math.isclose(ex.elimination_line(4), (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+
+
+def test_recall_at_gap_layout() -> None:
+    vocab = syn.Vocab()
+    items = ms.recall_at_gap(vocab, n=20, pairs=4, gap=5)
+    for e in items:
+        assert len(e.tokens) == 1 + 8 + 5 + 3 and e.tokens[0] == syn.BOS
+        keys, values = e.tokens[1:9:2], e.tokens[2:9:2]
+        assert len(set(keys)) == 4 and len(set(values)) == 4
+        assert e.tokens[-3:] == [syn.SEP, keys[-1], values[-1]]
+        assert e.targets == [False] * (len(e.tokens) - 1) + [True]
+        assert all(t in vocab.filler for t in e.tokens[9:14])
+        assert e.tokens.index(values[-1]) == len(e.tokens) - 1 - e.meta["distance"]
+    assert items != ms.recall_at_gap(vocab, n=20, pairs=4, gap=5, seed=1)
+
+
+def test_mqar_spread_layout_and_distances() -> None:
+    vocab = syn.Vocab()
+    for i in range(30):
+        e = syn.mqar(syn.example_rng(0, i, "t"), vocab, 64, pairs=4)
+        assert len(e.tokens) == 64 and sum(e.targets) == 4
+        pairs = dict(zip(e.tokens[1:9:2], e.tokens[2:9:2]))
+        answers = [t for t, on in enumerate(e.targets) if on]
+        asked = [e.tokens[t - 1] for t in answers]
+        assert sorted(asked) == sorted(pairs)  # every key asked once
+        for t, d in zip(answers, e.meta["distances"]):
+            assert e.tokens[t - 2] == syn.SEP and e.tokens[t] == pairs[e.tokens[t - 1]]
+            assert e.tokens[t - d] == e.tokens[t]  # the distance points at the stored value
+    with pytest.raises(ValueError, match="need length"):
+        syn.mqar(syn.example_rng(0, 0), vocab, 20, pairs=4)
+
+
+def test_target_hits_reads_the_next_token_argmax() -> None:
+    """A model whose logits are the one-hot of the *next* token scores 1.0; one that predicts
+    the current token scores 0 (the shift is checked, not assumed)."""
+    import torch
+
+    class Next(torch.nn.Module):
+        def __init__(self, seqs, shift):
+            super().__init__()
+            self.seqs, self.shift = seqs, shift
+
+        def forward(self, ids, valid=None):
+            out = torch.zeros(*ids.shape, 300)
+            for b, seq in enumerate(self.seqs):
+                for t in range(len(seq)):
+                    j = min(t + self.shift, len(seq) - 1)
+                    out[b, t, seq[j]] = 1.0
+            return out
+
+    items = ms.recall_at_gap(syn.Vocab(), n=3, pairs=2, gap=1)
+    seqs = [e.tokens for e in items]
+    assert ms.accuracy(Next(seqs, 1), items).rate == 1.0
+    assert ms.accuracy(Next(seqs, 0), items).rate == 0.0
+
+
+def test_breaks_swap_overrides_and_reuse_runs() -> None:
+    """A break trains the victim arm exactly like its donor, so its runs are the donor's
+    (same cache key) and the check that separates the two arms must fail."""
+    for name, size in (("mqar", "quick"), ("receptive_field", "quick"),
+                       ("extrapolation", "quick")):
+        exp = ex.experiment(name, size)
+        arms = exp.sizes[size].arms
+        for what, (_, breaker) in exp.breaks.items():
+            broken = breaker(arms)
+            assert [a.name for a in broken] == [a.name for a in arms]
+            changed = [(a, b) for a, b in zip(arms, broken) if a.overrides != b.overrides]
+            assert changed, f"{name} --break {what} changes nothing"
+            for _, b in changed:
+                donors = [a for a in arms if a.overrides == b.overrides and a.name != b.name]
+                assert donors and run_key(donors[0], 0) == run_key(b, 0)
+
+
+def test_protocols_compose_and_validate() -> None:
+    """Every arm of every size is a valid training config (composed and validated, nothing
+    trained)."""
+    from blocklab.config import compose, validate_train
+    from blocklab.repro.runner import RUN_DEFAULTS
+    from blocklab.train.run import to_train_config
+
+    for name in ex.NAMES:
+        for size in ex.SIZES:
+            for arm in ex.experiment(name, size).sizes[size].arms:
+                cfg = compose("train", [*RUN_DEFAULTS, *arm.overrides])
+                validate_train(to_train_config(cfg))
+
+
+def test_cli_usage_errors_and_list(tmp_path) -> None:
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", "from blocklab.repro import main; main()",
+                               *args], capture_output=True, text=True, cwd=tmp_path)
+
+    out = cli("--list")
+    assert out.returncode == 0
+    for name in ex.NAMES:
+        assert name in out.stdout
+    assert "--break one-layer" in out.stdout and "--break window-ignored" in out.stdout
+    r = cli("mqar", "--break", "nothing")
+    assert r.returncode == 2 and "--break nothing: not a defect of mqar" in r.stderr
+    r = cli("mqar", "--seeds", "0")
+    assert r.returncode == 2 and "--seeds 0" in r.stderr
+    r = cli("nope")
+    assert r.returncode == 2
+    assert not (tmp_path / "outputs").exists()  # nothing written by a refused command
+
+
+# Experiments whose quick protocol is calibrated to meet its expected result on 2 CPU cores.
+# receptive_field and extrapolation are not yet (measured misses in README, "Reference
+# experiments"): their checks are exercised on hand-made tallies above and by their --break
+# wiring; their quick protocols must join this list once they pass.
+CALIBRATED = ("mqar",)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CALIBRATED)
+def test_quick_protocol_passes_and_its_break_fails(name, tmp_path) -> None:
+    """The CI subset of a reference experiment meets its expected result, and every
+    deliberate defect makes the same check fail, reusing the trained runs."""
+    from blocklab.repro.runner import run, write
+
+    exp = ex.experiment(name, "quick")
+    good = run(exp, size="quick", seeds=None, root=tmp_path, log=lambda s: None)
+    write(exp, good, tmp_path / name)
+    assert good.passed, name + ": " + "; ".join(
+        f"{r['expected']}: {r['observed']}" for r in good.rows if not r["passed"])
+    saved = json.loads((tmp_path / name / "result.json").read_text())
+    assert saved["passed"] is True and saved["checks"] == good.rows
+    assert good.trained == len(exp.sizes["quick"].arms)
+    for what in exp.breaks:
+        bad = run(exp, size="quick", seeds=None, root=tmp_path, broken=what, log=lambda s: None)
+        assert bad.trained == 0  # the broken arms are the donors' runs
+        assert not bad.passed, f"{name} --break {what} still passes"
