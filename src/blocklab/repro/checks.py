@@ -22,7 +22,11 @@ def pooled(tallies: list[Tally]) -> Tally:
 
 
 def describe(tallies: list[Tally]) -> str:
-    """``0.97 [0.95, 0.98] (seeds 0.96 0.98 0.97)``: pooled rate, its Wilson interval, seeds."""
+    """``0.97 [0.95, 0.98] (seeds 0.96 0.98 0.97)``: pooled rate, its Wilson interval, seeds
+    (for plain numbers, ``Scalar``: their mean and the seeds)."""
+    if not any(t.trials for t in tallies):
+        mean = sum(t.rate for t in tallies) / len(tallies)
+        return f"{mean:.3f} (seeds " + " ".join(f"{t.rate:.3f}" for t in tallies) + ")"
     p = pooled(tallies)
     lo, hi = wilson_interval(p.hits, p.trials)
     return (f"{p.rate:.3f} [{lo:.3f}, {hi:.3f}] (seeds "

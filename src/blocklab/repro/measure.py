@@ -30,20 +30,59 @@ class Tally:
         self.hits += sum(hits)
         self.trials += len(hits)
 
+    def add_tally(self, other: Tally) -> None:
+        self.hits += other.hits
+        self.trials += other.trials
+
     @property
     def rate(self) -> float:
         return self.hits / self.trials if self.trials else float("nan")
 
 
-def load(run_dir: str | Path) -> tuple[torch.nn.Module, syn.Vocab]:
-    """The newest checkpoint's model (eval mode) and the synthetic vocabulary it trained on."""
+@dataclass
+class Scalar:
+    """A measured number that is not a rate of trials (e.g. a perplexity ratio): checks read
+    ``rate``; no interval is drawn for it."""
+
+    rate: float
+    hits: int = 0
+    trials: int = 0
+
+
+def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()
+         ) -> tuple[torch.nn.Module, syn.Vocab]:
+    """The newest checkpoint's model (eval mode) and the synthetic vocabulary it trained on.
+    ``model_overrides`` (``key=value`` into the model config, e.g. ``attention.window=16``)
+    rebuild the model with the trained weights under a changed, parameter-free setting."""
+    import yaml
+    from omegaconf import OmegaConf
+
     from blocklab.checkpoint import load_model
     from blocklab.eval.evaluate import stored_train_config
+    from blocklab.model import build_model
 
     model, _, meta = load_model(run_dir)
+    if model_overrides:
+        cfg = OmegaConf.create(meta["config"]["model"])
+        for item in model_overrides:
+            key, _, value = item.partition("=")
+            OmegaConf.update(cfg, key, yaml.safe_load(value) if value else None)  # "16" -> 16
+        changed = build_model(OmegaConf.to_container(cfg))
+        changed.load_state_dict(model.state_dict())  # strict: the override adds no parameter
+        model = changed.eval()
     if not getattr(model, "decoder", None) or getattr(model, "encoder", None):
         raise ValueError(f"{run_dir}: the reference experiments measure decoder-only models")
     return model, vocab_of(stored_train_config(meta).data)
+
+
+def data_seed(run_dir: str | Path) -> int:
+    """The run's data seed (its Markov chain is the language slice it trained on), read from
+    the newest checkpoint's metadata file without unpickling the state."""
+    import json
+
+    from blocklab.checkpoint import META, resolve
+
+    return int(json.loads((resolve(run_dir) / META).read_text())["config"]["data"]["seed"])
 
 
 @torch.no_grad()
@@ -105,3 +144,22 @@ def accuracy(model: torch.nn.Module, examples: list[syn.Example]) -> Tally:
     for hits in target_hits(model, examples):
         tally.add(hits)
     return tally
+
+
+@torch.no_grad()
+def markov_perplexity(model: torch.nn.Module, vocab: syn.Vocab, data_seed: int, *, length: int,
+                      tokens: int = 4096, seed: int = EVAL_SEED) -> float:
+    """Perplexity on held-out text of the training data's Markov chain (the language slice),
+    in non-overlapping windows of ``length`` tokens (``BOS`` + ``length - 1`` chain tokens,
+    every chain token scored), about ``tokens`` scored tokens in all."""
+    per = length - 1
+    n_windows = max(1, -(-tokens // per))
+    stream = syn.markov_chain(data_seed, vocab).sample(
+        syn.example_rng(seed, length, "repro:markov"), per * n_windows)
+    ids = torch.tensor([[syn.BOS, *stream[i * per:(i + 1) * per]] for i in range(n_windows)])
+    total, count = 0.0, 0
+    for chunk in ids.split(max(1, 8192 // length)):
+        logp = model(chunk).log_softmax(-1)[:, :-1]  # predicts tokens 1..
+        nll = -logp.gather(-1, chunk[:, 1:, None]).squeeze(-1)
+        total, count = total + float(nll.sum()), count + nll.numel()
+    return float(torch.tensor(total / count).exp())

@@ -18,7 +18,7 @@ from typing import Any
 
 from blocklab.repro import checks as ck
 from blocklab.repro.experiments import Arm, Experiment
-from blocklab.repro.measure import Tally
+from blocklab.repro.measure import Scalar, Tally
 
 # Every run of a reference experiment: no probes during or after training (the experiment
 # measures what it checks itself), CSV logs, quiet.
@@ -115,7 +115,8 @@ def table(exp: Experiment, outcome: Outcome) -> str:
     lines += ["", "| arm | measurement | pooled [95% CI] (per seed) |", "|---|---|---|"]
     for arm, metrics in outcome.measurements.items():
         for metric, ts in metrics.items():
-            tallies = [Tally(t["hits"], t["trials"]) for t in ts]
+            tallies = [Tally(t["hits"], t["trials"]) if t["trials"] else Scalar(t["rate"])
+                       for t in ts]
             lines.append(f"| {arm} | {metric} | {ck.describe(tallies)} |")
     return "\n".join(lines) + "\n"
 
