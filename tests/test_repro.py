@@ -90,6 +90,30 @@ def test_mqar_spread_layout_and_distances() -> None:
         syn.mqar(syn.example_rng(0, 0), vocab, 20, pairs=4)
 
 
+def test_mqar_pairs_in_the_mixture_and_their_rules() -> None:
+    """data.mqar_pairs gives Zoology's layout with exactly that many pairs; with
+    data.mqar_min_pairs the count is drawn per sequence from the range (every value occurs);
+    both are validated in one line each."""
+    from blocklab.config import ConfigError, DataConfig, TaskWeights
+    from blocklab.data.mixture import Mixture
+
+    base = {"tasks": TaskWeights(needle=0, mqar=1), "seq_len": 64, "min_len": 41,
+            "n_keys": 16, "n_values": 16, "n_filler": 16, "curriculum": []}
+    fixed = Mixture(DataConfig(mqar_pairs=8, **base))
+    assert {fixed(i).meta["n_records"] for i in range(50)} == {8}
+    ranged = Mixture(DataConfig(mqar_pairs=8, mqar_min_pairs=2, **base))
+    counts = {ranged(i).meta["n_records"] for i in range(300)}
+    assert counts == set(range(2, 9))
+    assert fixed.fingerprint() != ranged.fingerprint()
+    for kw, match in ((dict(mqar_pairs=8, mqar_min_pairs=9), "mqar_min_pairs=9"),
+                      (dict(mqar_min_pairs=2), "needs data.mqar_pairs"),
+                      (dict(mqar_pairs=0), "mqar_pairs=0"),
+                      (dict(mqar_pairs=17), "at least 86 tokens"),
+                      (dict(mqar_pairs=17, min_len=90, seq_len=128), "n_keys=16")):
+        with pytest.raises(ConfigError, match=match):
+            Mixture(DataConfig(**{**base, **kw}))
+
+
 def test_target_hits_reads_the_next_token_argmax() -> None:
     """A model whose logits are the one-hot of the *next* token scores 1.0; one that predicts
     the current token scores 0 (the shift is checked, not assumed)."""

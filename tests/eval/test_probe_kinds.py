@@ -392,7 +392,7 @@ def test_items_unique_ids_bos_once_answer_once_and_exact_length(kind):
             if kind == "aggregation":
                 assert not stmts and not query
                 counts = sorted(Counter(values).values(), reverse=True)
-                assert counts[0] - counts[1] == c.key["margin"]
+                assert counts[0] - counts[1] == c.key["count_margin"]
                 assert len(counts) == sp.aggregation.candidates
                 continue
             assert len(values) == len(set(values))  # every value once: no answer stated twice
@@ -432,9 +432,13 @@ def test_report_files_and_table(tmp_path):
                  "margin 3", "by farthest-hop depth"):
         assert line in text, line
     header = (tmp_path / "r" / "cells.csv").read_text().splitlines()[0].split(",")
-    for col in ("probe", "variant", "length", "hops", "margin", "partial", "copy_any_value",
-                "chance", "winner_share"):
+    for col in ("probe", "variant", "length", "hops", "count_margin", "margin", "partial",
+                "copy_any_value", "chance", "winner_share"):
         assert col in header
+    # the aggregation rows keep their count margin apart from the log-prob margin statistic
+    # (one name for both once drew the heatmap's rows from the log-prob margins)
+    agg = [c for c in r.cells if c["probe"] == "aggregation"]
+    assert agg and all(c["variant"] == f"margin {c['count_margin']}" for c in agg)
 
 
 # ----------------------------------------------------------------------------- config rules

@@ -315,6 +315,9 @@ class DataConfig:
     # mqar: null = records then every key queried (as many pairs as fit); n = Zoology's layout
     # (n pairs, then n queries spread among filler over the whole length)
     mqar_pairs: int | None = None
+    # with mqar_pairs: draw each sequence's pair count uniformly from [mqar_min_pairs,
+    # mqar_pairs] (null = always mqar_pairs); easy few-pair sequences bootstrap recall
+    mqar_min_pairs: int | None = None
     fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
     # text: sources (prepared once into memory-mapped token shards, data/prepare.py)
     corpus: str | None = None  # built-in corpus name (e.g. shakespeare)

@@ -223,10 +223,15 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
     if d.mqar_pairs is not None:  # Zoology's layout: exactly mqar_pairs pairs per sequence
         _check(d.mqar_pairs >= 1, f"{key}.mqar_pairs", d.mqar_pairs,
                "must be null (as many pairs as fit) or >= 1")
+        lo = d.mqar_min_pairs
+        _check(lo is None or 1 <= lo <= d.mqar_pairs, f"{key}.mqar_min_pairs", lo,
+               f"must be null or in 1..data.mqar_pairs={d.mqar_pairs}")
         shortest = mqar_min_length(d.mqar_pairs)
         _check("mqar" not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
                f"mqar with data.mqar_pairs={d.mqar_pairs} needs sequences of at least "
                f"{shortest} tokens")
+    _check(d.mqar_min_pairs is None or d.mqar_pairs is not None, f"{key}.mqar_min_pairs",
+           d.mqar_min_pairs, "needs data.mqar_pairs (the Zoology layout) set")
     for task in sorted(used):
         n_k, n_v = ((d.mqar_pairs,) * 2 if task == "mqar" and d.mqar_pairs is not None
                     else distinct_ids(task, d.seq_len, hi))

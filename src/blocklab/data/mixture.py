@@ -54,7 +54,8 @@ class Mixture:
         if name in ("multihop", "counting"):  # hops / margins drawn by the task itself
             kw["filler"] = rng.choice(c.fillers)
         if name == "mqar" and c.mqar_pairs is not None:
-            kw["pairs"] = c.mqar_pairs
+            kw["pairs"] = (c.mqar_pairs if c.mqar_min_pairs is None
+                           else rng.randint(c.mqar_min_pairs, c.mqar_pairs))
         return TASKS[name](rng, self.vocab, length, **kw)
 
     def fingerprint(self) -> str:
@@ -65,5 +66,7 @@ class Mixture:
                 "tasks": task_weights(self.cfg), "n_distractors": list(self.cfg.n_distractors),
                 "fillers": list(self.cfg.fillers),
                 **({"mqar_pairs": self.cfg.mqar_pairs} if self.cfg.mqar_pairs is not None
-                   else {})}
+                   else {}),
+                **({"mqar_min_pairs": self.cfg.mqar_min_pairs}
+                   if self.cfg.mqar_min_pairs is not None else {})}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

@@ -248,7 +248,7 @@ def aggregation_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
     ac = [c for c in cells if c["probe"] == "aggregation"]
     for variant, s in per.items():
         vc = [c for c in ac if c["variant"] == variant and c["n"]]
-        s["margin"] = next(c["margin"] for c in ac if c["variant"] == variant)
+        s["count_margin"] = next(c["count_margin"] for c in ac if c["variant"] == variant)
         s["winner_share"] = (sum(c["winner_share"] * c["n"] for c in vc)
                              / sum(c["n"] for c in vc)) if vc else None
     return per

@@ -260,7 +260,7 @@ def aggregation_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
     for margin in p.margins:
         need = syn.counting_min_length(k, margin)
         for length in lengths_of(p.lengths, train_length):
-            key = {"probe": "aggregation", "variant": f"margin {margin}", "margin": margin,
+            key = {"probe": "aggregation", "variant": f"margin {margin}", "count_margin": margin,
                    "length": length}
             na = fits(length, max_length)
             if na is None and length < need:

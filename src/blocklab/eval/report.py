@@ -70,7 +70,7 @@ def _plots(result: ProbeResult, folder: Path, train_length: int) -> dict[str, st
         out["litm_png"] = plots.plot_litm(result.cells, folder / "litm.png", title=title).name
     for probe, name, row_key in (("multi_needle", "multi_needle_png", "variant"),
                                  ("hops", "hops_png", "hops"),
-                                 ("aggregation", "aggregation_png", "margin")):
+                                 ("aggregation", "aggregation_png", "count_margin")):
         if probe in probes:
             out[name] = plots.plot_grid(result.cells, folder / f"{probe}.png", probe=probe,
                                         row_key=row_key, train_length=train_length,

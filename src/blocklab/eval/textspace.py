@@ -673,7 +673,7 @@ class TextBuilder:
         cells = []
         for m in p.margins:
             for length in lengths_of(p.lengths, train_length):
-                key = {"probe": "aggregation", "variant": f"margin {m}", "margin": m,
+                key = {"probe": "aggregation", "variant": f"margin {m}", "count_margin": m,
                        "length": length}
                 make = partial(self._aggregation, key=key, margin=m, n_words=p.candidates,
                                length=length)

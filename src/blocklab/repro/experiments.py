@@ -72,10 +72,14 @@ def _swap_all(arms: tuple[Arm, ...], victim_word: str, donor_word: str) -> tuple
 
 # ------------------------------------------------------------------------ associative recall
 
-# Zoology (arXiv 2312.04927), MQAR: (sequence length, key-value pairs) that fit 2 cores.
-MQAR_SETTINGS = {"quick": ((64, 4),), "full": ((64, 4), (128, 8), (256, 16))}
-# steps per (length, pairs): longer sequences with more pairs take longer to learn
-MQAR_STEPS = {(64, 4): 1200, (128, 8): 2000, (256, 16): 3000}
+# Zoology (arXiv 2312.04927), MQAR: (sequence length, key-value pairs) that fit 2 cores. 64/4 is
+# learned by step ~700; 128/8 was not within 4,000 steps here (2-layer 0.35-0.38, on the
+# elimination line 0.34, with one or two curriculum stages, 2 or 4 heads, and pair counts drawn
+# from 2..8), so the paper's longer settings are not in the protocol (docs/reproductions.md).
+MQAR_SETTINGS = {"quick": ((64, 4),), "full": ((64, 4),)}
+# When recall appears varies by seed (with the copy task in the mix: steps ~500, ~1,000 and
+# > 1,500 for seeds 0, 1, 2): quick runs seed 0 with a 2x margin, full gives 3 seeds 3,000.
+MQAR_STEPS = {"quick": 1200, "full": 3000}
 
 
 def elimination_line(pairs: int) -> float:
@@ -102,7 +106,7 @@ def _mqar_arm(layers: int, length: int, pairs: int, steps: int) -> Arm:
 SMALL_VOCAB = ("data.n_keys=16", "data.n_values=16", "data.n_filler=16")
 MQAR_BASE = (
     "model/position=rope", "model.d_model=64", "model.n_heads=2", "model.d_ff=128",
-    *SMALL_VOCAB, "data.tasks.needle=0", "data.tasks.copy=0", "data.tasks.mqar=1",
+    *SMALL_VOCAB, "data.tasks.needle=0", "data.tasks.copy=0.5", "data.tasks.mqar=1",
     "data.batch_size=64", "optim.lr=1e-3", "optim.weight_decay=0.1", "schedule.warmup_steps=100",
 )
 
@@ -110,7 +114,7 @@ MQAR_BASE = (
 def _mqar_protocol(size: str) -> Protocol:
     arms, checks = [], []
     for length, pairs in MQAR_SETTINGS[size]:
-        two, one = (_mqar_arm(n, length, pairs, MQAR_STEPS[length, pairs]) for n in (2, 1))
+        two, one = (_mqar_arm(n, length, pairs, MQAR_STEPS[size]) for n in (2, 1))
         arms += [two, one]
         checks += [ck.AtLeast(two.name, "accuracy", 0.95),
                    ck.AtMost(one.name, "accuracy", round(elimination_line(pairs)
@@ -134,14 +138,18 @@ MQAR = Experiment(
                "shown); one-layer Transformers stay near chance (Bietti et al. 2023, 'Birth of a "
                "Transformer', arXiv 2306.00802): an induction circuit needs two layers."),
     protocol=("Zoology's MQAR layout (n key-value pairs, then the n keys queried in random "
-              "order at random places among filler), (length, pairs) in {(64, 4), (128, 8), "
-              "(256, 16)}; held-out accuracy = argmax at the query positions over 256 sequences "
+              "order at random places among filler), (length, pairs) = (64, 4) (128/8 and "
+              "256/16 were not learned within the CPU budget tried: docs/reproductions.md); "
+              "held-out accuracy = argmax at the query positions over 256 sequences "
               "(probe seed). Differences, to fit 2 CPU cores: a synthetic vocabulary of 16 keys / "
               "16 values / 16 filler ids (the paper: 8,192 tokens), a SEP marker before each "
               "query, d_model 64 with 2 heads and an MLP, rotary positions (the paper: "
-              "learned), AdamW lr 1e-3 wd 0.1 cosine, batch 64, a fixed step budget per "
-              "setting (1,200 / 2,000 / 3,000) with a short-to-long curriculum (full length from step 500) instead of a "
-              "learning-rate sweep with early stopping. Control: the same model with one "
+              "learned), copying sequences in the mix (weight 0.5: they bootstrap the "
+              "induction circuit; without them 2 of 3 seeds stayed on the elimination line "
+              "for 2,000 steps), AdamW lr 1e-3 wd 0.1 cosine, batch 64, a fixed step budget "
+              "(quick: 1,200 steps, seed 0; full: 3,000 steps, 3 seeds) with a short-to-long "
+              "curriculum (full length from step 500) instead of a learning-rate sweep with "
+              "early stopping. Control: the same model with one "
               "layer, expected at most 0.05 above the elimination line H_n/n (guessing among "
               "the values not answered yet: the answers stay in context here, unlike in "
               "Zoology's inputs; chance is 1/16)."),
@@ -247,7 +255,7 @@ def _rf_protocol(size: str) -> Protocol:
     # 'global' is exactly MQAR's 2-layer 64/4 arm (the same runs serve both experiments);
     # 'local' is those weights measured with the window on every layer; 'local, trained' (full
     # only, no expectation) trains with the window.
-    global_ = replace(_mqar_arm(RF_LAYERS, 64, RF_PAIRS, MQAR_STEPS[64, RF_PAIRS]), name="global")
+    global_ = replace(_mqar_arm(RF_LAYERS, 64, RF_PAIRS, MQAR_STEPS[size]), name="global")
     global_ = replace(global_, overrides=MQAR_BASE + global_.overrides)
     window = f"attention.window={RF_WINDOW}"
     local = Arm("local", global_.overrides, eval_model=(window,))
