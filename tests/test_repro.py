@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -171,22 +169,23 @@ def test_protocols_compose_and_validate() -> None:
                 validate_train(to_train_config(cfg))
 
 
-def test_cli_usage_errors_and_list(tmp_path) -> None:
-    def cli(*args):
-        return subprocess.run([sys.executable, "-c", "from blocklab.repro import main; main()",
-                               *args], capture_output=True, text=True, cwd=tmp_path)
+def test_cli_usage_errors_and_list(tmp_path, monkeypatch, capsys) -> None:
+    from blocklab.repro import main
 
-    out = cli("--list")
-    assert out.returncode == 0
+    monkeypatch.chdir(tmp_path)
+    main(["--list"])
+    out = capsys.readouterr().out
     for name in ex.NAMES:
-        assert name in out.stdout
-    assert "--break one-layer" in out.stdout and "--break window-ignored" in out.stdout
-    r = cli("mqar", "--break", "nothing")
-    assert r.returncode == 2 and "--break nothing: not a defect of mqar" in r.stderr
-    r = cli("mqar", "--seeds", "0")
-    assert r.returncode == 2 and "--seeds 0" in r.stderr
-    r = cli("nope")
-    assert r.returncode == 2
+        assert name in out
+    assert "--break one-layer" in out and "--break window-ignored" in out
+    for argv, code, message in ((["mqar", "--break", "nothing"], 2,
+                                 "--break nothing: not a defect of mqar"),
+                                (["mqar", "--seeds", "0"], 2, "--seeds 0"),
+                                ([], 2, "name an experiment"),
+                                (["nope"], 2, "invalid choice")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == code and message in capsys.readouterr().err, argv
     assert not (tmp_path / "outputs").exists()  # nothing written by a refused command
 
 
