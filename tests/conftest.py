@@ -23,9 +23,3 @@ torch.set_num_threads(1)
 def _seed() -> None:
     torch.manual_seed(0)
 
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Slow tests first, the order otherwise unchanged: pytest-xdist hands tests out in
-    collection order, so the long ones start while short ones still fill the other worker
-    (a long test collected last would run alone at the end of the suite)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
