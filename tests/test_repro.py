@@ -166,7 +166,10 @@ def test_protocols_compose_and_validate() -> None:
         for size in ex.SIZES:
             for arm in ex.experiment(name, size).sizes[size].arms:
                 cfg = compose("train", [*RUN_DEFAULTS, *arm.overrides])
-                validate_train(to_train_config(cfg))
+                tc = validate_train(to_train_config(cfg))  # raises ConfigError when invalid
+                steps = [o for o in arm.overrides if o.startswith("trainer.max_steps=")]
+                assert steps and tc.trainer.max_steps == int(steps[-1].split("=")[1])
+                assert not tc.probes.enabled and not tc.checkpoint_probes.enabled
 
 
 def test_cli_usage_errors_and_list(tmp_path, monkeypatch, capsys) -> None:

@@ -62,7 +62,13 @@ def test_bad_windows_fail_in_one_line_naming_key_value_and_rule(family, window, 
 @pytest.mark.parametrize(("family", "window", "global_every"), [
     (DEC, 4, 0), (DEC, 1, 0), (DEC, 2, 3), (ENC, 5, 2), (ED, 1, 0), (DEC, None, 0)])
 def test_good_windows_validate(family, window, global_every):
-    validate_model(tiny(family, window=window, global_every=global_every))
+    """Accepted as given (no ConfigError), and the built model carries the pattern."""
+    m = validate_model(tiny(family, window=window, global_every=global_every))
+    assert (m.attention.window, m.attention.global_every) == (window, global_every)
+    blocks = [b for name in ("encoder", "decoder") if hasattr(model := build_model(m), name)
+              for b in getattr(model, name).blocks]
+    assert [b.window for b in blocks] == [
+        masks.layer_window(window, global_every, b.layer) for b in blocks]
 
 
 def test_layer_pattern_global_every_n_counts_layers_from_one():
