@@ -18,6 +18,16 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file beside it and one rename: a reader
+    sees the old file or the new one, never half of one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
 def set_aside(path: Path) -> Path:
     """Rename ``path`` to the first free ``<name>.corrupt-<k>`` beside it (kept, not deleted)."""
     k = 1

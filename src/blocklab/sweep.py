@@ -27,6 +27,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from blocklab.files import write_text_atomic
+
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
             "LOCAL_WORLD_SIZE", "RANK", "BLOCKLAB_RUN_DIR")
 
@@ -52,9 +54,7 @@ def write_status(run_dir: str | Path, status: str, *, error: str | None = None,
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     body = {"status": status, "error": error, **(info or {})}
-    tmp = path / "status.json.tmp"
-    tmp.write_text(json.dumps(body, indent=2))
-    tmp.replace(path / "status.json")
+    write_text_atomic(path / "status.json", json.dumps(body, indent=2))
 
 
 @contextlib.contextmanager

@@ -124,10 +124,10 @@ def _mqar_protocol(size: str) -> Protocol:
 
 
 def _mqar_measure(run: Path, arm: Arm) -> dict[str, ms.Tally]:
-    model, vocab = ms.load(run)
+    t = ms.load(run, arm.eval_model)
     length, pairs = (int(x) for x in arm.name.split()[-1].split("/"))
-    return {"accuracy": ms.accuracy(model, ms.mqar_examples(vocab, n=256, length=length,
-                                                              pairs=pairs))}
+    return {"accuracy": ms.accuracy(t.model, ms.mqar_examples(t.vocab, n=256, length=length,
+                                                                pairs=pairs))}
 
 
 MQAR = Experiment(
@@ -198,9 +198,9 @@ def _extrap_measure_for(size: str) -> Callable[[Path, Arm], dict[str, ms.Tally]]
     length, _, _, n = EXTRAP[size]
 
     def measure(run: Path, arm: Arm) -> dict[str, ms.Tally]:
-        model, vocab = ms.load(run, arm.eval_model)
-        data_seed = ms.data_seed(run)
-        ppl = {k: ms.markov_perplexity(model, vocab, data_seed, length=k * length)
+        t = ms.load(run, arm.eval_model)
+        model, vocab = t.model, t.vocab
+        ppl = {k: ms.markov_perplexity(model, vocab, t.data_seed, length=k * length)
                for k in (1, 2, 4)}
         out: dict[str, ms.Tally] = {f"ppl {k}L": ms.Scalar(v) for k, v in ppl.items()}
         out["ppl 4L / ppl L"] = ms.Scalar(ppl[4] / ppl[1])
@@ -273,7 +273,8 @@ def _rf_measure_for(size: str) -> Callable[[Path, Arm], dict[str, ms.Tally]]:
     n = RF_N[size]
 
     def measure(run: Path, arm: Arm) -> dict[str, ms.Tally]:
-        model, vocab = ms.load(run, arm.eval_model)
+        t = ms.load(run, arm.eval_model)
+        model, vocab = t.model, t.vocab
         out = {}
         for name, gaps in (("near", RF_NEAR_GAPS), ("far", RF_FAR_GAPS),
                            ("between", tuple(range(RF_WINDOW - 3, RF_FIELD - 1)))):

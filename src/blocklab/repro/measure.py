@@ -49,9 +49,18 @@ class Scalar:
     trials: int = 0
 
 
-def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()
-         ) -> tuple[torch.nn.Module, syn.Vocab]:
-    """The newest checkpoint's model (eval mode) and the synthetic vocabulary it trained on.
+@dataclass
+class Trained:
+    """A measured checkpoint: its model (eval mode), the synthetic vocabulary and the data
+    seed it trained on (the seed picks the Markov chain of its language slice)."""
+
+    model: torch.nn.Module
+    vocab: syn.Vocab
+    data_seed: int
+
+
+def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()) -> Trained:
+    """The newest checkpoint's model with its vocabulary and data seed.
     ``model_overrides`` (``key=value`` into the model config, e.g. ``attention.window=16``)
     rebuild the model with the trained weights under a changed, parameter-free setting."""
     import yaml
@@ -72,17 +81,8 @@ def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()
         model = changed.eval()
     if not getattr(model, "decoder", None) or getattr(model, "encoder", None):
         raise ValueError(f"{run_dir}: the reference experiments measure decoder-only models")
-    return model, vocab_of(stored_train_config(meta).data)
-
-
-def data_seed(run_dir: str | Path) -> int:
-    """The run's data seed (its Markov chain is the language slice it trained on), read from
-    the newest checkpoint's metadata file without unpickling the state."""
-    import json
-
-    from blocklab.checkpoint import META, resolve
-
-    return int(json.loads((resolve(run_dir) / META).read_text())["config"]["data"]["seed"])
+    data = stored_train_config(meta).data
+    return Trained(model, vocab_of(data), data.seed)
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blocklab.files import write_text_atomic
 from blocklab.repro import checks as ck
 from blocklab.repro.experiments import Arm, Experiment
 from blocklab.repro.measure import Scalar, Tally
@@ -123,17 +124,14 @@ def table(exp: Experiment, outcome: Outcome) -> str:
 
 def write(exp: Experiment, outcome: Outcome, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    md = table(exp, outcome)
-    (out / "table.md").write_text(md)
+    write_text_atomic(out / "table.md", table(exp, outcome))
     outcome.files = {"table": str(out / "table.md"), "result": str(out / "result.json")}
     payload = {"experiment": outcome.experiment, "size": outcome.size, "seeds": outcome.seeds,
                "broken": outcome.broken, "passed": outcome.passed, "checks": outcome.rows,
                "measurements": outcome.measurements, "runs": outcome.runs,
                "seconds": outcome.seconds, "trained": outcome.trained,
                "reference": exp.reference, "protocol": exp.protocol}
-    tmp = out / "result.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(out / "result.json")
+    write_text_atomic(out / "result.json", json.dumps(payload, indent=1))
 
 
 def report(exp: Experiment, outcome: Outcome, stream=sys.stdout) -> None:
