@@ -1,6 +1,7 @@
-"""The training command end to end (as a subprocess, as users run it): exact resume, refused
-and allowed config changes, validation before anything is written, evaluation of a checkpoint
-on its own."""
+"""The training command end to end (as users run it): exact resume, refused and allowed config
+changes, validation before anything is written, evaluation of a checkpoint on its own. The
+reference run and the exact resume are real subprocesses; the other commands run their console
+script's entry function in process (tests/inprocess.py) against them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from blocklab import checkpoint as ckpt
+from inprocess import run_cli
 
 BIN = Path(sys.executable).parent
 BASE = ["experiment=smoke", "trainer.log_every_steps=1", "model.dropout=0.1",
@@ -87,11 +89,12 @@ def test_resume_from_the_middle_is_exact(straight, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_with_another_architecture_is_refused_listing_every_key(straight, tmp_path):
+def test_resume_with_another_architecture_is_refused_listing_every_key(straight, tmp_path, capfd):
     run = tmp_path / "run"
     shutil.copytree(straight, run)
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
-    r = cli(*BASE, f"resume={run}", "model.n_heads=2", "model.d_ff=128")
+    r = run_cli(capfd, "blocklab-train", *BASE, f"resume={run}", "model.n_heads=2",
+                "model.d_ff=128")
     assert r.returncode == 4
     msg = r.stderr.strip().splitlines()[-1]
     assert "architecture differs" in msg and "(2 keys)" in msg
@@ -100,26 +103,27 @@ def test_resume_with_another_architecture_is_refused_listing_every_key(straight,
 
 
 @pytest.mark.slow
-def test_resume_with_more_steps_proceeds_with_a_warning(straight, tmp_path):
+def test_resume_with_more_steps_proceeds_with_a_warning(straight, tmp_path, capfd):
     run = tmp_path / "run"
     shutil.copytree(straight, run)
-    r = cli(*[a for a in BASE if "max_steps" not in a], "trainer.max_steps=18", f"resume={run}")
+    r = run_cli(capfd, "blocklab-train", *[a for a in BASE if "max_steps" not in a],
+                "trainer.max_steps=18", f"resume={run}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "trainer.max_steps changed 16 -> 18 (allowed)" in r.stderr
     assert (run / "checkpoints" / "step-000018").is_dir()
 
 
 @pytest.mark.slow
-def test_resume_on_different_data_is_refused_unless_allowed(straight, tmp_path):
+def test_resume_on_different_data_is_refused_unless_allowed(straight, tmp_path, capfd):
     run = tmp_path / "run"
     shutil.copytree(straight, run)
-    r = cli(*BASE, f"resume={run}", "data.seed=7")
+    r = run_cli(capfd, "blocklab-train", *BASE, f"resume={run}", "data.seed=7")
     assert r.returncode == 4 and "data_fingerprint differs" in r.stderr
 
 
 @pytest.mark.slow
-def test_evaluating_a_checkpoint_alone_reproduces_the_logged_validation_loss(straight):
-    r = cli(f"ckpt={straight}", "probes=coarse", tool="blocklab-eval")
+def test_evaluating_a_checkpoint_alone_reproduces_the_logged_validation_loss(straight, capfd):
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={straight}", "probes=coarse")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (straight / "probes/step-000016").is_dir() and "effective length" in r.stdout
     got = float(r.stdout.split("val/loss ")[1].split()[0])
@@ -132,24 +136,31 @@ def test_evaluating_a_checkpoint_alone_reproduces_the_logged_validation_loss(str
     assert (straight / "checkpoints/step-000016/tokenizer.json").is_file()
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (["model.n_heads=3"], "config error: model.n_heads=3: must divide d_model=128"),
-    (["optim.lr=0"], "config error: optim.lr=0.0: must be > 0"),
-    (["data.tasks.neddle=1.0"], "neddle"),
-    (["data.tasks.needle=0", "data.tasks.mqar=0", "data.tasks.copy=0"], "positive sum"),
-    (["model.vocab_size=100"], "model.vocab_size=100: smaller than the tokenizer's vocabulary (199)"),
-    (["model.n_layer=3"], "n_layer"),
+@pytest.mark.parametrize(("how", "args", "words"), [
+    # Hydra composition errors (exit 1 -> 2) fail before the heavy imports: the real command
+    ("subprocess", ["data.tasks.neddle=1.0"], "neddle"),
+    ("subprocess", ["model.n_layer=3"], "n_layer"),
+    # validation errors: the command's entry function in process (the same argument parsing,
+    # composition, validation and one-line reporting; test_validation.py runs one for real)
+    ("in-process", ["model.n_heads=3"], "config error: model.n_heads=3: must divide d_model=128"),
+    ("in-process", ["optim.lr=0"], "config error: optim.lr=0.0: must be > 0"),
+    ("in-process", ["data.tasks.needle=0", "data.tasks.mqar=0", "data.tasks.copy=0"],
+     "positive sum"),
+    ("in-process", ["model.vocab_size=100"],
+     "model.vocab_size=100: smaller than the tokenizer's vocabulary (199)"),
 ])
-def test_invalid_configs_fail_in_one_line_before_anything_is_written(tmp_path, args, words):
-    r = cli("experiment=smoke", f"out_root={tmp_path / 'out'}", *args)
+def test_invalid_configs_fail_in_one_line_before_anything_is_written(tmp_path, capfd, how, args,
+                                                                     words):
+    argv = ["experiment=smoke", f"out_root={tmp_path / 'out'}", *args]
+    r = cli(*argv) if how == "subprocess" else run_cli(capfd, "blocklab-train", *argv)
     assert r.returncode == 2, r.stderr[-2000:]
     assert words in r.stderr
     assert not (tmp_path / "out").exists()  # nothing written at all
 
 
-def test_an_output_root_that_is_a_file_fails_before_building(tmp_path):
+def test_an_output_root_that_is_a_file_fails_before_building(tmp_path, capfd):
     (tmp_path / "file").write_text("x")
-    r = cli("experiment=smoke", f"out_root={tmp_path / 'file'}")
+    r = run_cli(capfd, "blocklab-train", "experiment=smoke", f"out_root={tmp_path / 'file'}")
     assert r.returncode == 6 and "is a file, not a directory" in r.stderr
 
 
