@@ -2,7 +2,8 @@
 (config.validate_train / validate_eval / validate_probe_spec): each bad input fails with one
 line naming the dotted key, the value and the rule (exit 2 from the command line), and leaves
 nothing on disk. Most cases run in-process through ``blocklab.train.run.train`` and
-``blocklab.cli._eval``; a few run the real commands (slow)."""
+``blocklab.cli._eval``; a few run the commands' entry functions, one per command the real
+console script (slow)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from blocklab.config import ConfigError, compose
+from inprocess import run_cli
 
 BIN = Path(sys.executable).parent
 
@@ -173,12 +175,16 @@ def test_the_rules_use_the_synthetic_tasks_own_facts():
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    """A two-step smoke run with one checkpoint (no probes)."""
+    """A two-step smoke run with one checkpoint (no probes), trained in process."""
+    from blocklab.train.run import train
+
     out = tmp_path_factory.mktemp("run")
-    r = cli("blocklab-train", "experiment=smoke", f"out_root={out}", "trainer.max_steps=2",
-            "trainer.ckpt_every_steps=2", "trainer.val_every_steps=2", "probes=none")
-    assert r.returncode == 0, r.stderr[-3000:]
-    (run,) = (out / "smoke").iterdir()
+    run = train(compose("train", ["experiment=smoke", f"out_root={out}", "trainer.max_steps=2",
+                                  "trainer.ckpt_every_steps=2", "trainer.val_every_steps=2",
+                                  "probes=none"]))
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000002"]
+    (only,) = (out / "smoke").iterdir()
+    assert only == run
     return run
 
 
@@ -245,15 +251,21 @@ def test_a_bad_hf_model_fails_in_one_line_before_loading(tmp_path, monkeypatch, 
 # ------------------------------------------------------------------------ the real commands
 
 
+# (every rule is tested in-process above; these check the command's exit code and line: one
+# case per command through its real console script, the other through the same entry
+# function in process — tests/inprocess.py)
 @pytest.mark.slow
-@pytest.mark.parametrize(("args", "line_start"), [
-    # (every rule is tested in-process above; these check the command's exit code and line)
-    (["trainer.ckpt_every_steps=-5"], "config error: trainer.ckpt_every_steps=-5: must be >= 1"),
-    (["schedule.name=bogus"], "config error: schedule.name='bogus': unknown choice"),
-], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
-def test_blocklab_train_exits_2_with_one_line_and_writes_nothing(tmp_path, args, line_start):
-    r = cli("blocklab-train", "experiment=smoke", f"out_root={tmp_path / 'out'}", *args,
-            cwd=tmp_path)
+@pytest.mark.parametrize(("how", "args", "line_start"), [
+    ("subprocess", ["trainer.ckpt_every_steps=-5"],
+     "config error: trainer.ckpt_every_steps=-5: must be >= 1"),
+    ("in-process", ["schedule.name=bogus"], "config error: schedule.name='bogus': unknown choice"),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else a if a in ("subprocess", "in-process")
+    else "")
+def test_blocklab_train_exits_2_with_one_line_and_writes_nothing(tmp_path, capfd, how, args,
+                                                                 line_start):
+    argv = ["experiment=smoke", f"out_root={tmp_path / 'out'}", *args]
+    r = (cli("blocklab-train", *argv, cwd=tmp_path) if how == "subprocess"
+         else run_cli(capfd, "blocklab-train", *argv, cwd=tmp_path))
     assert r.returncode == 2, r.stderr[-3000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(line_start), r.stderr[-3000:]
@@ -261,16 +273,19 @@ def test_blocklab_train_exits_2_with_one_line_and_writes_nothing(tmp_path, args,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("args", "line_start"), [
-    (["probes.needle.n_distractors=[500]"], "config error: probes.needle.n_distractors=[500]: "),
-    (["hf_model=MISSING"], "config error: hf_model="),
-], ids=lambda a: " ".join(a) if isinstance(a, list) else "")
-def test_blocklab_eval_exits_2_with_one_line_and_writes_nothing(run_dir, tmp_path, args,
-                                                                line_start):
+@pytest.mark.parametrize(("how", "args", "line_start"), [
+    ("in-process", ["probes.needle.n_distractors=[500]"],
+     "config error: probes.needle.n_distractors=[500]: "),
+    ("subprocess", ["hf_model=MISSING"], "config error: hf_model="),
+], ids=lambda a: " ".join(a) if isinstance(a, list) else a if a in ("subprocess", "in-process")
+    else "")
+def test_blocklab_eval_exits_2_with_one_line_and_writes_nothing(run_dir, tmp_path, capfd, how,
+                                                                args, line_start):
     target = [] if args[0].startswith("hf_model") else [f"ckpt={run_dir}"]
     args = [a.replace("MISSING", str(tmp_path / "no_such_model")) for a in args]
     before = files_under(run_dir)
-    r = cli("blocklab-eval", *target, *args, cwd=tmp_path)
+    r = (cli("blocklab-eval", *target, *args, cwd=tmp_path) if how == "subprocess"
+         else run_cli(capfd, "blocklab-eval", *target, *args, cwd=tmp_path))
     assert r.returncode == 2, r.stderr[-3000:]
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(line_start), r.stderr[-3000:]
