@@ -32,6 +32,8 @@ def run_cli(capfd, tool: str, *args: str, cwd: Path | None = None,
     from blocklab import cli
 
     entry = getattr(cli, TOOLS[tool])
+    assert "BLOCKLAB_FAULT" not in {**os.environ, **(env or {})}, \
+        "a fault signals its own process: run it as a subprocess"
     capfd.readouterr()  # what the test printed before is not the command's
     saved_argv, saved_cwd, saved_env = sys.argv, os.getcwd(), dict(os.environ)
     saved_threads = torch.get_num_threads()

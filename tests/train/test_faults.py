@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from blocklab import checkpoint as ckpt
+from inprocess import run_cli
 from train.test_train_cli import BIN, losses
 
 pytestmark = pytest.mark.slow
@@ -100,14 +101,14 @@ def test_a_corrupt_newest_checkpoint_is_kept_aside_and_the_final_state_saved(str
     assert losses(run) == losses(straight)
 
 
-def test_pruning_counts_the_checkpoints_of_every_launch(tmp_path):
+def test_pruning_counts_the_checkpoints_of_every_launch(tmp_path, capfd):
     run = tmp_path / "run"
     base = ["experiment=smoke", "trainer.ckpt_every_steps=2", "trainer.keep_checkpoints=2",
             "trainer.val_every_steps=100", "probes=none"]
-    r = cli(*base, "trainer.max_steps=4", f"run_dir={run}")
+    r = run_cli(capfd, "blocklab-train", *base, "trainer.max_steps=4", f"run_dir={run}")
     assert r.returncode == 0, r.stderr[-2000:]
     for steps in (6, 8):  # each resume starts from the newest checkpoint of the last launch
-        r = cli(*base, f"trainer.max_steps={steps}", f"resume={run}")
+        r = run_cli(capfd, "blocklab-train", *base, f"trainer.max_steps={steps}", f"resume={run}")
         assert r.returncode == 0, r.stderr[-2000:]
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-000006", "step-000008"]
 
@@ -122,51 +123,56 @@ def _hold(run: Path):
     return fd
 
 
-def test_a_run_directory_has_one_owner(straight, tmp_path):
+def test_a_run_directory_has_one_owner(straight, tmp_path, capfd):
+    """The lock is held here through another open file (flock: refused as from another
+    process); the commands run in process."""
     run = tmp_path / "run"
     shutil.copytree(straight, run)
     fd = _hold(run)  # (a real second training and a resume: the two-process test below)
     try:
-        r = cli(f"ckpt={run}", "probes=none", tool="blocklab-eval")  # writing into the run
+        r = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=none")  # writing into the run
         assert r.returncode == 6, r.stderr[-2000:]
         assert r.stderr.strip().splitlines()[-1] == (
             f"I/O error: run directory {run} is in use by train (pid 4242 on elsewhere, "
             "since 2026-01-01T00:00:00); wait for it to finish, or use another directory "
             "(run_dir=/out=)")
         before = sorted(p.name for p in run.rglob("*"))
-        r = cli(f"ckpt={run}", "probes=none", f"out={tmp_path / 'elsewhere'}", tool="blocklab-eval")
+        r = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=none",
+                    f"out={tmp_path / 'elsewhere'}")
         assert r.returncode == 0, r.stderr[-2000:]  # evaluation elsewhere needs no lock
         assert sorted(p.name for p in run.rglob("*")) == before  # and writes nothing in the run
         assert (tmp_path / "elsewhere" / "val.json").is_file()
     finally:
         os.close(fd)
     # A lock file left by a process that died (no one holds it) does not block anything.
-    r = cli(*ARGS, "trainer.max_steps=17", f"resume={run}")
+    r = run_cli(capfd, "blocklab-train", *ARGS, "trainer.max_steps=17", f"resume={run}")
     assert r.returncode == 0, r.stderr[-2000:]
+    assert [p.name for p in ckpt.list_checkpoints(run)][-1] == "step-000017"
 
 
-def test_an_unusable_output_root_is_an_io_error_before_anything_is_built(tmp_path):
+def test_an_unusable_output_root_is_an_io_error_before_anything_is_built(tmp_path, capfd):
     (tmp_path / "file").write_text("x")
-    r = cli("experiment=smoke", f"out_root={tmp_path / 'file'}")
+    r = run_cli(capfd, "blocklab-train", "experiment=smoke", f"out_root={tmp_path / 'file'}")
     assert r.returncode == 6
     assert r.stderr.strip().splitlines()[-1].startswith("I/O error: run directory ")
     assert "is a file, not a directory" in r.stderr
 
 
-def test_evaluation_writes_only_where_it_is_told_and_checks_that_first(straight, tmp_path):
+def test_evaluation_writes_only_where_it_is_told_and_checks_that_first(straight, tmp_path,
+                                                                      capfd):
     run = tmp_path / "run"
     shutil.copytree(straight, run)
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
     out = tmp_path / "out"
-    r = cli(f"ckpt={run}", "probes=coarse", f"out={out}", tool="blocklab-eval")
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=coarse", f"out={out}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before  # run untouched
     assert json.loads((out / "val.json").read_text())["step"] == 16
     (probe_dir,) = [p for p in out.iterdir() if p.is_dir()]
     assert probe_dir.name.startswith("coarse-") and (probe_dir / "cells.csv").is_file()
     (tmp_path / "a_file").write_text("x")
-    r = cli(f"ckpt={run}", "probes=coarse", f"out={tmp_path / 'a_file' / 'sub'}",
-            tool="blocklab-eval")
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=coarse",
+                f"out={tmp_path / 'a_file' / 'sub'}")
     assert r.returncode == 6  # refused before the work, not after it
     assert r.stderr.strip().splitlines() == [
         f"I/O error: out= {tmp_path / 'a_file' / 'sub'}: {tmp_path / 'a_file'} is a file, "
@@ -174,10 +180,10 @@ def test_evaluation_writes_only_where_it_is_told_and_checks_that_first(straight,
     assert "val/loss" not in r.stdout
 
 
-def test_two_trainings_into_one_directory_one_is_refused(tmp_path):
+def test_two_trainings_into_one_directory_one_is_refused(tmp_path, capfd):
     """Two real processes: the first stops itself (SIGSTOP) at step 3 while it owns the run
-    (checkpoint 2 written), a second training and a resume are refused naming it, and the
-    first then finishes normally."""
+    (checkpoint 2 written), a second training and a resume (this test's process) are refused
+    naming it, and the first then finishes normally."""
     run = tmp_path / "run"
     args = [*ARGS, "trainer.max_steps=4", "trainer.ckpt_every_steps=2"]
     env = {**os.environ, "BLOCKLAB_FAULT": "SIGSTOP@step:3"}
@@ -188,7 +194,7 @@ def test_two_trainings_into_one_directory_one_is_refused(tmp_path):
         _, status = os.waitpid(first.pid, os.WUNTRACED)  # returns once it has stopped itself
         assert os.WIFSTOPPED(status), status
         for other in (f"run_dir={run}", f"resume={run}"):  # a second training, a resume
-            r = cli(*args, other)
+            r = run_cli(capfd, "blocklab-train", *args, other)
             assert r.returncode == 6, r.stderr[-2000:]
             assert f"in use by train (pid {first.pid} on " in r.stderr
     finally:
