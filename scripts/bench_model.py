@@ -12,6 +12,10 @@ min / median / max over the rounds (docs/performance.md).
 2. Cached greedy generation (prompt 64, 192 new tokens, batch 1 and 8): blocklab ``generate``
    vs HF ``generate`` vs a lean cached loop of the plain floor, and blocklab's cache speedup
    over full recompute (``use_cache=False``).
+3. The compiled path, side by side with the eager rows (``--compile``, on by default except
+   with ``--quick``): the train step of a ``torch.compile``-d blocklab model, and fixed-shape
+   decoding, eager (``static_cache=True``) and compiled (``compile=True``); compilation happens
+   in the warm-up round, never in a timed one.
 
 Usage::
 
@@ -19,6 +23,7 @@ Usage::
     .venv/bin/python scripts/bench_model.py --quick            # tiny shapes, CI smoke (< 60 s)
     .venv/bin/python scripts/bench_model.py --threads 1 --cpu-time   # stabler under load
     .venv/bin/python scripts/bench_model.py --only train --profile   # + torch.profiler tables
+    .venv/bin/python scripts/bench_model.py --quick --compile         # + compiled rows, tiny
 """
 
 from __future__ import annotations
@@ -303,8 +308,11 @@ def lm_loss(logits: Tensor, ids: Tensor) -> Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
-def build_all(shape: Shape, model_cfg: object) -> dict[str, tuple[nn.Module, Callable]]:
-    """name -> (model, forward(ids) -> logits); same seed before each construction."""
+def build_all(shape: Shape, model_cfg: object,
+              compiled: bool = False) -> dict[str, tuple[nn.Module, Callable]]:
+    """name -> (model, forward(ids) -> logits); same seed before each construction. With
+    ``compiled``, also ``blocklab_compiled``: a second blocklab model whose forward is
+    ``torch.compile``-d (default mode, automatic dynamic shapes)."""
     from blocklab.model import build_model
 
     torch.manual_seed(0)
@@ -313,7 +321,12 @@ def build_all(shape: Shape, model_cfg: object) -> dict[str, tuple[nn.Module, Cal
     bl = build_model(model_cfg)
     torch.manual_seed(0)
     hf = hf_model(shape)
-    return {"floor": (plain, plain), "blocklab": (bl, bl), "hf": (hf, lambda ids: hf(ids).logits)}
+    out = {"floor": (plain, plain), "blocklab": (bl, bl), "hf": (hf, lambda ids: hf(ids).logits)}
+    if compiled:
+        torch.manual_seed(0)
+        blc = build_model(model_cfg)
+        out["blocklab_compiled"] = (blc, torch.compile(blc))
+    return out
 
 
 def check_floor_matches(shape: Shape, model_cfg: object) -> float:
@@ -342,7 +355,7 @@ def bench_train(shapes: dict[str, Shape], cfgs: dict[str, object], a: argparse.N
     for sname, shape in shapes.items():
         torch.manual_seed(123)
         ids = torch.randint(shape.vocab, (batch, seq))
-        for iname, (model, fwd) in build_all(shape, cfgs[sname]).items():
+        for iname, (model, fwd) in build_all(shape, cfgs[sname], a.compile).items():
             model.train()
             with torch.no_grad():
                 loss0 = float(lm_loss(fwd(ids), ids))
@@ -382,7 +395,7 @@ def bench_train(shapes: dict[str, Shape], cfgs: dict[str, object], a: argparse.N
           f"{a.threads} thread(s), tokens per {'CPU-second' if a.cpu_time else 'second'}")
     print(f"fp32 matmul GFLOP/{unit} min/med/max: "
           + ", ".join(f"{n}^2 {fmt_mmm([r / 1e9 for r in rs], 0)}" for n, rs in rates.items()))
-    hdr = (f"{'shape':6} {'impl':9} {'params':>10} {'init loss':>9} {'tok/s med':>10} "
+    hdr = (f"{'shape':6} {'impl':17} {'params':>10} {'init loss':>9} {'tok/s med':>10} "
            f"{'vs floor min/med/max':>22} {'FLOP/s frac med':>15}")
     print(hdr)
     print("-" * len(hdr))
@@ -390,17 +403,25 @@ def bench_train(shapes: dict[str, Shape], cfgs: dict[str, object], a: argparse.N
         fpt = shape.train_flops_per_token(seq)
         floor_tps = [tokens / t for t in times[f"{sname}/floor"]]
         sres = {"flops_per_token": fpt, "matmul_params": shape.matmul_params(), "impls": {}}
-        for iname in ("floor", "blocklab", "hf"):
+        for iname in ("floor", "blocklab", "blocklab_compiled", "hf"):
             key = f"{sname}/{iname}"
+            if key not in times:
+                continue
             tps = [tokens / t for t in times[key]]
             ratio = [x / f for x, f in zip(tps, floor_tps)]
             frac = [x * fpt / p for x, p in zip(tps, peak)]
             sres["impls"][iname] = {**info[key], "seconds": times[key],
                                     "tokens_per_s": mmm(tps), "ratio_to_floor": mmm(ratio),
                                     "flops_fraction": mmm(frac)}
-            print(f"{sname:6} {iname:9} {info[key]['params']:>10,} {info[key]['init_loss']:>9.3f} "
+            print(f"{sname:6} {iname:17} {info[key]['params']:>10,} {info[key]['init_loss']:>9.3f} "
                   f"{statistics.median(tps):>10,.0f} {fmt_mmm(ratio):>22} "
                   f"{statistics.median(frac):>15.1%}")
+        if f"{sname}/blocklab_compiled" in times:
+            speedup = [e / c for c, e in zip(times[f"{sname}/blocklab_compiled"],
+                                             times[f"{sname}/blocklab"])]
+            sres["compiled_speedup"] = mmm(speedup)
+            print(f"{sname:6} compiled train step over eager blocklab min/med/max: "
+                  f"{fmt_mmm(speedup)}x")
         res["shapes"][sname] = sres
     print("FLOPs/token = 6*N + 12*L*T*d, N = matmul weights (stack Linears + LM head): "
           + ", ".join(f"{k} N={s.matmul_params():,} -> {s.train_flops_per_token(seq) / 1e6:.1f} M"
@@ -434,9 +455,10 @@ def bench_generate(shapes: dict[str, Shape], cfgs: dict[str, object], a: argpars
             def run_floor(m=models["floor"], p=prompt) -> Tensor:
                 return plain_generate(m, p, new)
 
-            def run_bl(m=models["blocklab"], p=prompt, use_cache: bool = True) -> Tensor:
+            def run_bl(m=models["blocklab"], p=prompt, use_cache: bool = True,
+                       **kw: object) -> Tensor:
                 with torch.no_grad():
-                    return generate(m, p, max_new_tokens=new, use_cache=use_cache)
+                    return generate(m, p, max_new_tokens=new, use_cache=use_cache, **kw)
 
             def run_hf(hf=hf, p=prompt, mask=mask) -> Tensor:
                 with torch.no_grad():
@@ -448,13 +470,19 @@ def bench_generate(shapes: dict[str, Shape], cfgs: dict[str, object], a: argpars
                 out = fn()
                 assert out.shape == (batch, new), (key, name, tuple(out.shape))
             # The cache must not change the greedy result (fp32: allow a rare argmax tie flip).
-            same = float((run_bl() == run_bl(use_cache=False)).float().mean())
+            eager = run_bl()
+            same = float((eager == run_bl(use_cache=False)).float().mean())
             cases[f"{key}/floor"] = run_floor
             cases[f"{key}/blocklab"] = run_bl
             cases[f"{key}/hf"] = run_hf
+            if a.compile:
+                cases[f"{key}/blocklab_static"] = lambda f=run_bl: f(static_cache=True)
+                cases[f"{key}/blocklab_compiled"] = lambda f=run_bl: f(compile=True)
+                res["runs"][key] = {"compiled_agrees_with_eager": float(
+                    (run_bl(compile=True) == eager).float().mean())}
             if not a.no_recompute:
                 cases[f"{key}/blocklab_nocache"] = lambda f=run_bl: f(use_cache=False)
-            res["runs"][key] = {"cache_agrees_with_recompute": same}
+            res["runs"].setdefault(key, {})["cache_agrees_with_recompute"] = same
             if batch == 1:
                 profiled.append((f"{key}/blocklab", run_bl))
                 profiled.append((f"{key}/floor", run_floor))
@@ -472,7 +500,8 @@ def bench_generate(shapes: dict[str, Shape], cfgs: dict[str, object], a: argpars
         sname, b = key.split("/")
         batch = int(b[1:])
         tps = {i: [batch * new / t for t in times[f"{key}/{i}"]]
-               for i in ("floor", "blocklab", "blocklab_nocache", "hf") if f"{key}/{i}" in times}
+               for i in ("floor", "blocklab", "blocklab_static", "blocklab_compiled",
+                         "blocklab_nocache", "hf") if f"{key}/{i}" in times}
         run["impls"] = {}
         for iname, xs in tps.items():
             vs_hf = [x / h for x, h in zip(xs, tps["hf"])]
@@ -486,6 +515,12 @@ def bench_generate(shapes: dict[str, Shape], cfgs: dict[str, object], a: argpars
             run["blocklab_cache_speedup"] = mmm(speedup)
             print(f"{'':6} {'':>5} blocklab cache speedup over full recompute min/med/max: "
                   f"{fmt_mmm(speedup)}x (greedy tokens equal: {run['cache_agrees_with_recompute']:.0%})")
+        if "blocklab_compiled" in tps:
+            speedup = [c / e for c, e in zip(tps["blocklab_compiled"], tps["blocklab"])]
+            run["compiled_speedup"] = mmm(speedup)
+            print(f"{'':6} {'':>5} compiled static-cache decoding over eager min/med/max: "
+                  f"{fmt_mmm(speedup)}x (greedy tokens equal: "
+                  f"{run['compiled_agrees_with_eager']:.0%})")
     if a.profile:
         profile_cases(profiled, a.profile_rows)
     return res
@@ -525,7 +560,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="skip blocklab's full-recompute generation (the slowest case)")
     p.add_argument("--profile", action="store_true", help="also print torch.profiler tables")
     p.add_argument("--profile-rows", type=int, default=20)
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compiled train and static-cache decode rows (default: on, off with "
+                        "--quick)")
     a = p.parse_args(argv)
+    if a.compile is None:
+        a.compile = not a.quick
     if a.quick:
         a.reps = a.reps or 3
         a.threads = a.threads or 1

@@ -326,10 +326,46 @@ OBJECTIVES: dict[str, type[Objective]] = {
 }
 
 
+def round_up(length: int, multiple: int, *, cap: int) -> int:
+    """``length`` rounded up to a multiple of ``multiple``, but never beyond ``cap`` (nor below
+    ``length``)."""
+    return max(length, min(-(-length // multiple) * multiple, cap))
+
+
+#: Fill value of each batch key when a batch is padded to a fixed width: padding is never a
+#: target, never a valid key, and in packed rows a document of its own.
+_FILL = {"labels": IGNORE, "valid": False, "source_valid": False, "segments": -1}
+
+
+def pad_batch(batch: dict[str, Tensor], multiple: int, *, cap: int, pad: int) -> dict[str, Tensor]:
+    """Right-pad every (B, T) tensor of ``batch`` to ``round_up(T, multiple, cap=cap)`` tokens
+    (``data.pad_to_multiple``): a compiled model with static shapes then sees a few widths
+    instead of one per batch length. Right padding changes no real output: causal queries never
+    see later keys, and bidirectional ones see ``valid`` / ``source_valid`` only."""
+    out = {}
+    for key, t in batch.items():
+        width = round_up(t.shape[1], multiple, cap=cap)
+        fill = _FILL.get(key, pad)
+        out[key] = t if width == t.shape[1] else torch.cat(
+            (t, t.new_full((t.shape[0], width - t.shape[1]), fill)), 1)
+    return out
+
+
 def build_objective(family: str, data: DataConfig,
                     specials: Specials | None = None) -> Objective:
     """The objective of model ``family`` for a run's ``data`` config and its tokenizer's
-    ``specials``: the one constructor that training, evaluation and probes share."""
+    ``specials``: the one constructor that training, evaluation and probes share. With
+    ``data.pad_to_multiple``, its batches are padded to a multiple of that many tokens
+    (:func:`pad_batch`)."""
     objective = lookup("objective", family, "model.family.name").from_config(data)
     objective.specials = specials or BLOCKLAB_SPECIALS
+    multiple = getattr(data, "pad_to_multiple", None)
+    if multiple:
+        collate = objective.collate
+
+        def padded(examples: list[Example]) -> dict[str, Tensor]:
+            return pad_batch(collate(examples), multiple, cap=data.seq_len,
+                             pad=objective.specials.pad)
+
+        objective.collate = padded  # type: ignore[method-assign]
     return objective

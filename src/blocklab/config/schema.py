@@ -304,6 +304,9 @@ class DataConfig:
     # synthetic: short-to-long stages [[from_step, max_len], ...]; after the last, seq_len
     curriculum: list[list[int]] = field(default_factory=list)
     packing: bool = False  # pack documents into seq_len rows with document masks
+    # pad every batch to a multiple of this many tokens (null = to its longest row): with
+    # trainer.compile_dynamic=false, one compiled graph per padded width
+    pad_to_multiple: int | None = None
     val_batches: int = 8
     num_workers: int = 0
     # synthetic
@@ -368,6 +371,10 @@ class TrainerConfig:
     keep_checkpoints: int = 3  # newest N kept (0 = all)
     log_every_steps: int = 10
     compile: bool = False
+    # shapes of the compiled model: null = torch's automatic dynamic shapes (static graph
+    # first, one symbolic graph after a new length), true = symbolic from the start, false =
+    # static graphs, one per batch width (pair it with data.pad_to_multiple)
+    compile_dynamic: bool | None = None
     threads: int | None = None  # torch.set_num_threads; null = leave as is
     peak_flops: float | None = None  # for MFU; null = measured fp32 matmul rate on CPU
     progress_bar: bool = True

@@ -249,6 +249,8 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
     _check(d.batch_size >= 1, f"{key}.batch_size", d.batch_size, "must be >= 1")
     _check(d.seq_len >= 8, f"{key}.seq_len", d.seq_len, "must be >= 8")
     _check(d.val_batches >= 1, f"{key}.val_batches", d.val_batches, "must be >= 1")
+    _check(d.pad_to_multiple is None or d.pad_to_multiple >= 1, f"{key}.pad_to_multiple",
+           d.pad_to_multiple, "must be null (pad to the longest row) or >= 1")
     _check(d.num_workers >= 0, f"{key}.num_workers", d.num_workers,
            "must be >= 0 (0 = load in the main process)")
     _check(_finite(d.val_fraction) and 0 < d.val_fraction < 1, f"{key}.val_fraction",

@@ -31,6 +31,7 @@ class CachedKeys:
     local_valid: Tensor | None  # (B, S + T) bool: a real token in that slot
     local_order: Tensor | None  # (B, S + T) each key's order (index among the row's real tokens)
     q_order: Tensor | None  # (B, T) the new tokens' orders
+    order: Tensor | None = None  # (B, Tk) global keys' orders: set, causality is by order
 
 
 class KVCache:
@@ -179,6 +180,97 @@ class KVCache:
                      for kv in self.cross]
         new._views()
         return new
+
+
+class StaticKVCache(KVCache):
+    """A KV cache whose every forward has the same shapes, for compiled decoding
+    (``torch.compile``, CUDA graphs): what changes from step to step lives in tensors, never in
+    Python numbers a compiled graph would specialise on.
+
+    Every layer, local ones included, keeps ``capacity`` slots; a forward writes its ``T`` new
+    keys at slots ``[index, index + T)`` (``index`` a 0-d tensor, advanced in place) and
+    attends over the whole buffer, masked by slot validity (unwritten slots never are) and by
+    token order: key ``j`` is visible to query ``i`` iff ``o_j <= o_i`` (and, in a local layer,
+    ``o_i - o_j < window``), which is the causal/window rule of the growing cache. Memory is
+    ``capacity`` slots per layer (no ring for local layers); compute per step is proportional
+    to ``capacity``, not to the tokens so far, the price of one graph for every step (as
+    gpt-fast's and HF's static caches). Buffers are updated in place only (``index_copy_``,
+    ``add_``) and marked as static addresses, so CUDA-graph replays see them.
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, d_head: int, capacity: int,
+                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 window: int | None = None, global_every: int = 0) -> None:
+        super().__init__(n_layers, batch, n_kv_heads, d_head, capacity, dtype=dtype,
+                         device=device)  # every layer gets full global buffers
+        self.layer_windows = [layer_window(window, global_every, i) for i in range(n_layers)]
+        self.order = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.index = torch.zeros((), dtype=torch.long, device=device)  # next slot to write
+        self._slots: Tensor | None = None  # this forward's slots
+        for t in self._state():
+            torch._dynamo.mark_static_address(t)
+
+    def _state(self) -> list[Tensor]:
+        return [self.k, self.v, self.positions, self.valid, self.order, self.index, self.seen,
+                self.next_position]
+
+    def reset(self) -> None:
+        """Empty the cache in place (same buffers, so a compiled step keeps replaying): zero
+        K/V too, so no stale value can reach a masked score as NaN."""
+        for t in self._state():
+            t.zero_()
+        self.cross = [None] * len(self.cross)
+
+    @property
+    def length(self) -> int:  # type: ignore[override]
+        return int(self.index)
+
+    @length.setter
+    def length(self, value: int) -> None:  # the base constructor's 0; index holds the truth
+        pass
+
+    def begin(self, positions: Tensor, valid: Tensor | None) -> CachedKeys:
+        b, t = positions.shape
+        if not torch.compiler.is_compiling() and int(self.index) + t > self.capacity:
+            raise ValueError(f"KV cache full: {int(self.index) + t} tokens > capacity "
+                             f"{self.capacity}")
+        real = torch.ones_like(positions, dtype=torch.bool) if valid is None else valid.bool()
+        q_order = self.seen[:, None] + token_order(valid, b, t, positions.device)  # (B, T)
+        self._slots = slots = self.index + torch.arange(t, device=positions.device)
+        self.positions.index_copy_(1, slots, positions)
+        self.valid.index_copy_(1, slots, real)
+        self.order.index_copy_(1, slots, q_order)
+        self.seen.add_(real.sum(-1))
+        self.next_position.copy_(torch.maximum(self.next_position,
+                                               torch.where(real, positions + 1, 0).amax(-1)))
+        has_local = any(w is not None for w in self.layer_windows)
+        has_global = any(w is None for w in self.layer_windows)
+        every = (self.positions, self.valid, self.order)
+        return CachedKeys(*(every[:2] if has_global else (None, None)),
+                          *(every if has_local else (None, None, None)), q_order,
+                          order=self.order if has_global else None)
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store this layer's new K/V at this forward's slots; return the whole buffers
+        (B, Hkv, C, D)."""
+        if k.requires_grad:
+            return super().write(layer, k, v)  # the base class's refusal
+        kl, vl = self._k[layer], self._v[layer]
+        kl.index_copy_(2, self._slots, k)
+        vl.index_copy_(2, self._slots, v)
+        return kl, vl
+
+    def advance(self, n: int) -> None:
+        self.index.add_(n)
+        self._slots = None
+
+    def select(self, rows: Tensor) -> StaticKVCache:
+        new = super().select(rows)
+        new.order = self.order.index_select(0, rows)
+        new.index = self.index.clone()
+        for t in new._state():
+            torch._dynamo.mark_static_address(t)
+        return new  # type: ignore[return-value]
 
 
 def _heads(x: Tensor, n: int) -> Tensor:

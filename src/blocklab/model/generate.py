@@ -8,13 +8,24 @@ knobs out of range, a prompt row without any real token, and prompt + new tokens
 the position scheme can index. Padding may sit on either side (or in between): rows are
 left-aligned first, which changes nothing for the model because positions count real tokens
 only and padding keys are never visible.
+
+Fixed-shape decoding (``static_cache=True``, implied by ``compile``): the prompt is prefilled
+eagerly into a :class:`~blocklab.model.attention.StaticKVCache`, then every step feeds one
+token per row into the same shapes (position as a tensor, write slot as a tensor), so the step
+compiles once (``torch.compile(fullgraph=True, dynamic=False)``; ``mode="reduce-overhead"``
+captures it in a CUDA graph on GPU) and is replayed for every later token and every later call
+with the same batch size and capacity bucket. The cache is kept per model and reused.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from blocklab.model.attention import StaticKVCache
 from blocklab.model.position import positions_from_valid
 
 
@@ -44,28 +55,85 @@ def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
              source_valid: Tensor | None = None, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None,
-             use_cache: bool = True) -> Tensor:
+             use_cache: bool = True, static_cache: bool = False,
+             compile: bool | str = False) -> Tensor:
     """Continue ``input_ids`` (B, T) by up to ``max_new_tokens``; return only the new tokens
     (B, N) — (B, 0) for ``max_new_tokens=0``, so ``torch.cat((input_ids, out), 1)`` is the
     prompt. ``valid`` (B, T) marks real prompt tokens (padding on either side). Rows that
     emitted ``eos_id`` keep emitting it. An encoder–decoder model generates from
     ``source_ids``/``source_valid`` (encoded once) and ``input_ids`` is the decoder start. With
     the cache each step feeds one token into preallocated K/V buffers; ``use_cache=False``
-    recomputes the whole prefix (the reference)."""
+    recomputes the whole prefix (the reference). ``static_cache=True`` decodes with fixed
+    shapes (see the module docstring); ``compile=True`` (or a ``torch.compile`` mode name)
+    compiles that step: ``"reduce-overhead"`` on CUDA, the default mode elsewhere."""
     input_ids, valid = _check(model, input_ids, valid, max_new_tokens, source_ids,
                               temperature, top_k, top_p)
+    if (static_cache or compile) and not use_cache:
+        raise ValueError("generate: static_cache / compile decode with a cache; drop "
+                         "use_cache=False")
     if max_new_tokens == 0:
         return input_ids.new_zeros((input_ids.shape[0], 0))
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        # no_grad rather than inference_mode for fixed-shape decoding: its buffers outlive
+        # the call (reused), and compiled graphs take ordinary tensors
+        with torch.no_grad() if static_cache or compile else torch.inference_mode():
             prepared = model.prepare(source_ids=source_ids, source_valid=source_valid)
-            return _generate(model, input_ids, valid, max_new_tokens, use_cache, eos_id,
-                             prepared, {"temperature": temperature, "top_k": top_k,
-                                        "top_p": top_p, "generator": generator})
+            b, t = input_ids.shape
+            step = model.decode
+            if not use_cache:
+                cache = None
+            elif static_cache or compile:
+                cache = static_cache_for(model, b, t + max_new_tokens)
+                if compile:
+                    step = _compiled_step(model, compile, input_ids.device)
+            else:
+                cache = model.new_cache(b, t + max_new_tokens)
+            return _generate(model, input_ids, valid, max_new_tokens, cache, eos_id, prepared,
+                             {"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                              "generator": generator}, step)
     finally:
         model.train(was_training)
+
+
+#: Rounding of a static cache's capacity: calls whose prompt + new tokens fall in one bucket
+#: share one cache and one compiled graph.
+CAPACITY_BUCKET = 64
+_STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COMPILED: dict[str, Callable] = {}
+
+
+def static_cache_for(model: torch.nn.Module, batch: int, tokens: int) -> StaticKVCache:
+    """The model's reusable fixed-shape cache for ``batch`` rows and at least ``tokens`` slots
+    (rounded up to :data:`CAPACITY_BUCKET`), emptied; made on first use. Kept per model (a
+    weak reference: the cache goes with the model)."""
+    capacity = -(-tokens // CAPACITY_BUCKET) * CAPACITY_BUCKET
+    ref = model.embed.weight
+    key = (batch, capacity, ref.dtype, ref.device)
+    caches = _STATIC_CACHES.setdefault(model, {})
+    cache = caches.get(key)
+    if cache is None:
+        cache = caches[key] = model.new_cache(batch, capacity, static=True)
+    else:
+        cache.reset()
+    return cache
+
+
+def _decode_step(model: torch.nn.Module, input_ids: Tensor, **kw: Tensor | None) -> Tensor:
+    return model.decode(input_ids, **kw)
+
+
+def _compiled_step(model: torch.nn.Module, compile: bool | str,
+                   device: torch.device) -> Callable:
+    """The decode step compiled once per mode (dynamo keys its graphs on the model's structure
+    and the fixed shapes), bound to ``model``."""
+    mode = compile if isinstance(compile, str) else (
+        "reduce-overhead" if device.type == "cuda" else "default")
+    if mode not in _COMPILED:
+        _COMPILED[mode] = torch.compile(_decode_step, mode=mode, fullgraph=True, dynamic=False)
+    fn = _COMPILED[mode]
+    return lambda ids, **kw: fn(model, ids, **kw)
 
 
 def left_align(ids: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
@@ -119,8 +187,9 @@ def _check(model: torch.nn.Module, ids: Tensor, valid: Tensor | None, max_new_to
 
 
 def _generate(model: torch.nn.Module, prompt_ids: Tensor, valid: Tensor | None,
-              max_new_tokens: int, use_cache: bool, eos_id: int | None,
-              prepared: dict[str, Tensor | None], sampling: dict) -> Tensor:
+              max_new_tokens: int, cache: object, eos_id: int | None,
+              prepared: dict[str, Tensor | None], sampling: dict, step: Callable) -> Tensor:
+    """The loop: a prefill of the prompt (``model.decode``), then one ``step`` per token."""
     b, t = prompt_ids.shape
     if valid is None:
         positions = torch.arange(t, device=prompt_ids.device).expand(b, t)
@@ -128,12 +197,13 @@ def _generate(model: torch.nn.Module, prompt_ids: Tensor, valid: Tensor | None,
     else:
         positions = positions_from_valid(valid)
         next_position = valid.long().sum(-1, keepdim=True)  # (B, 1)
-    cache = model.new_cache(b, t + max_new_tokens) if use_cache else None
+    use_cache = cache is not None
     ids, pos = prompt_ids, positions  # what the next forward sees
     done = torch.zeros(b, dtype=torch.bool, device=prompt_ids.device)
     out = []
     for i in range(max_new_tokens):
-        logits = model.decode(ids, positions=pos, valid=valid, cache=cache, **prepared)
+        forward = step if i and use_cache else model.decode
+        logits = forward(ids, positions=pos, valid=valid, cache=cache, **prepared)
         token = sample_next(logits[:, -1], **sampling)
         if eos_id is not None:
             token = token.where(~done, eos_id)

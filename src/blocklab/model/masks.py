@@ -18,7 +18,8 @@ left padding and packed documents:
   counts and packed documents stay apart (the document rule), so a left-padded or packed row
   sees exactly what the same tokens see alone. A KV cache whose local layers keep only a ring
   of recent keys passes the orders of its slots (``q_order``/``k_order``); then the causal
-  rule is ``o_j <= o_i`` too, since ring slots are not in key-buffer order.
+  rule is ``o_j <= o_i`` too, since ring slots are not in key-buffer order (and so does the
+  fixed-shape cache of compiled decoding for every layer, whose buffer holds unwritten slots).
 
 A query whose row is entirely invisible (a padding query) gets an all-zero attention output from
 SDPA (torch >= 2.5), never NaN; tests guard it.
@@ -77,11 +78,14 @@ def token_order(valid: Tensor | None, batch: int, length: int,
     return valid.long().cumsum(-1) - 1
 
 
-def window_allowed(q_order: Tensor, k_order: Tensor, window: int, *, causal: bool) -> Tensor:
-    """(B, 1, Tq, Tk) bool: the window rule on token orders (see the module docstring)."""
+def window_allowed(q_order: Tensor, k_order: Tensor, window: int | None, *,
+                   causal: bool) -> Tensor:
+    """(B, 1, Tq, Tk) bool: the window rule on token orders (see the module docstring); a
+    causal rule without a window (None) is causality by order alone, ``o_j <= o_i``."""
     distance = q_order[:, None, :, None] - k_order[:, None, None, :]  # query minus key
     if causal:
-        return (distance >= 0) & (distance <= window - 1)
+        return distance >= 0 if window is None else (distance >= 0) & (distance <= window - 1)
+    assert window is not None, "a bidirectional order rule needs a window"
     return distance.abs() <= (window - 1) // 2
 
 
@@ -95,20 +99,22 @@ def self_visibility(
     k_segments: Tensor | None = None,  # (B, Tk) int
     bias: Tensor | None = None,  # (B|1, H, Tq, Tk) float score bias (ALiBi, T5)
     window: int | None = None,  # keys per query, the query included (None = global)
-    q_order: Tensor | None = None,  # (B, Tq) int, token orders (window only)
+    q_order: Tensor | None = None,  # (B, Tq) int, token orders
     k_order: Tensor | None = None,  # (B, Tk) int
     device: torch.device | None = None,
 ) -> Visibility:
     """Visibility for self-attention of ``q_len`` new queries over ``k_len`` keys; with a
     ``window``, only keys within it (orders given, or counted from ``key_valid`` over the key
-    buffer, whose last ``q_len`` keys are the queries)."""
+    buffer, whose last ``q_len`` keys are the queries). Given orders (a cache whose keys are
+    not in buffer order: local rings, the static cache's whole buffer), causality is by
+    order."""
     if window is None and key_valid is None and q_segments is None and bias is None:
         if not causal or q_len == 1:  # one new query sees every cached key
             return EVERYTHING
         if q_len == k_len:
             return Visibility(allowed=None, causal=True)  # SDPA fast path
     allowed = None
-    if window is not None:
+    if window is not None or k_order is not None:  # rules on token orders
         if k_order is None:
             b = 1 if key_valid is None else key_valid.shape[0]
             k_order = token_order(key_valid, b, k_len, device)

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig, model_config
 from blocklab.model import masks
-from blocklab.model.attention import KVCache
+from blocklab.model.attention import KVCache, StaticKVCache
 from blocklab.model.blocks import Context
 from blocklab.model.heads import LMHead, MLMHead
 from blocklab.model.position import positions_from_segments, positions_from_valid
@@ -101,7 +101,9 @@ class Stack(nn.Module):
             if keys.positions is not None:
                 global_vis = masks.self_visibility(
                     **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
-                    bias=self.position.score_bias(positions, keys.positions))
+                    bias=self.position.score_bias(positions, keys.positions),
+                    q_order=keys.q_order if keys.order is not None else None,
+                    k_order=keys.order)
             if keys.local_positions is not None:
                 local_vis = masks.self_visibility(
                     **common, k_len=keys.local_positions.shape[1], key_valid=keys.local_valid,
@@ -178,13 +180,16 @@ class Model(nn.Module):
         return stack.position.max_positions
 
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None) -> KVCache:
+                  device: torch.device | str | None = None, static: bool = False) -> KVCache:
         """A preallocated KV cache for this model's (causal) decoder stack: ``capacity``
-        tokens for global layers, a ring of ``min(window - 1, capacity)`` slots for local ones."""
+        tokens for global layers, a ring of ``min(window - 1, capacity)`` slots for local ones;
+        ``static=True``: the fixed-shape cache of compiled decoding (``capacity`` slots for
+        every layer, :class:`~blocklab.model.attention.StaticKVCache`)."""
         m, ref = self.config, self.embed.weight
-        return KVCache(len(self.decoder.blocks), batch, m.kv_heads, m.head_dim, capacity,
-                       dtype=dtype or ref.dtype, device=device or ref.device,
-                       window=m.attention.window, global_every=m.attention.global_every)
+        kind = StaticKVCache if static else KVCache
+        return kind(len(self.decoder.blocks), batch, m.kv_heads, m.head_dim, capacity,
+                    dtype=dtype or ref.dtype, device=device or ref.device,
+                    window=m.attention.window, global_every=m.attention.global_every)
 
     # Shape for the estimator (model/estimate.py): stacks, head, cached layers.
     @classmethod

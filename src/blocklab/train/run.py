@@ -222,11 +222,12 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     L.seed_everything(tc.seed, workers=True, verbose=False)
     flops = estimate(tc.model, seq_len=tc.data.seq_len).train_flops_per_token
     lit = LitModel(tc, meta=meta, flops_per_token=flops,
-                   peak_flops=t.peak_flops or (measure_peak_flops() if t.accelerator == "cpu" else 0))
+                   peak_flops=peak_flops_for(t))
     if init_state is not None:  # pretrained weights; the optimizer starts fresh
         lit.model.load_state_dict(init_state, strict=True)
     if t.compile:
-        lit.model.compile()  # in place: state_dict keys stay those of the eager model
+        # in place: state_dict keys stay those of the eager model
+        lit.model.compile(dynamic=t.compile_dynamic)
     data = BlocklabData(streams.train, streams.val, lit.objective.collate,
                         batch_size=tc.data.batch_size, val_batches=tc.data.val_batches,
                         accumulate=t.accumulate, num_workers=tc.data.num_workers)
@@ -340,6 +341,42 @@ def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, ste
         return None
     finally:
         torch.set_num_threads(threads)
+
+
+#: Dense bf16/fp16 tensor-core peak FLOP/s by GPU name (datasheets, no sparsity): the MFU
+#: denominator on a GPU when trainer.peak_flops is null. Matched as substrings, in order.
+GPU_PEAK_FLOPS: list[tuple[str, float]] = [
+    ("H200", 989.4e12), ("H100 PCIe", 756.0e12), ("H100", 989.4e12), ("H800", 989.4e12),
+    ("GH200", 989.4e12), ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12),
+    ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12),
+    ("RTX 4090", 165.2e12), ("RTX 3090", 71e12), ("V100", 125e12), ("T4", 65e12),
+]
+
+
+def device_peak_flops(name: str, precision: str) -> float | None:
+    """The datasheet peak of GPU ``name`` for a half-precision run (``bf16-*`` / ``16-*``), or
+    None (unknown GPU, or full precision: no single datasheet number applies)."""
+    if not precision.startswith(("bf16", "16")):
+        return None
+    return next((peak for key, peak in GPU_PEAK_FLOPS if key in name), None)
+
+
+def peak_flops_for(t: object) -> float:
+    """The MFU denominator of trainer config ``t``: ``trainer.peak_flops`` if set, else the
+    measured fp32 matmul rate on CPU or the datasheet number of the detected GPU (0 = no MFU)."""
+    if t.peak_flops:
+        return t.peak_flops
+    if t.accelerator == "cpu":
+        return measure_peak_flops()
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0.0
+    peak = device_peak_flops(torch.cuda.get_device_name(), t.precision)
+    if peak is None:
+        print(f"warning: no train/mfu: peak FLOP/s of {torch.cuda.get_device_name()} at "
+              f"trainer.precision={t.precision} unknown; set trainer.peak_flops", file=sys.stderr)
+    return peak or 0.0
 
 
 def measure_peak_flops(n: int = 1024, reps: int = 3) -> float:
