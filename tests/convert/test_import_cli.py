@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 from blocklab import checkpoint as ckpt
 from convert.test_hf_roundtrip import VOCAB, _save
 from data.test_text_runs import cli
+from inprocess import run_cli
 from train.test_train_cli import losses
 
 pytestmark = pytest.mark.slow
@@ -46,9 +47,12 @@ def _corpus_dir(tmp_path):
     return d if d.is_dir() else _corpus(tmp_path)
 
 
-def test_import_finetune_resume_eval_export(tmp_path):
+def test_import_finetune_resume_eval_export(tmp_path, capfd):
+    """The import and the evaluation run in process (tests/inprocess.py; the real
+    blocklab-import runs below, blocklab-eval elsewhere); the reference run, the crash, the
+    exact resume and the export are real subprocesses."""
     _, src = _save(tmp_path, "llama-gqa-untied-nobias")
-    r = cli(f"from_hf={src}", f"out={tmp_path / 'imported'}", tool="blocklab-import")
+    r = run_cli(capfd, "blocklab-import", f"from_hf={src}", f"out={tmp_path / 'imported'}")
     assert r.returncode == 0, r.stderr[-3000:]
     imported = tmp_path / "imported"
     assert "imported checkpoint" in r.stdout and ckpt.list_checkpoints(imported)
@@ -78,10 +82,10 @@ def test_import_finetune_resume_eval_export(tmp_path):
     assert 0 < diff < 0.1  # moved by six small steps, not re-initialized
 
     # text probes on the fine-tuned run and on the import itself
-    probe = cli(f"ckpt={imported}", "probes=text", "probes.needle.lengths=[1.0]",
-                "probes.train_length=48", "probes.needle.n=1", "probes.needle.depths=[0.5]",
-                "probes.litm.enabled=false", "probes.perplexity.lengths=[1.0]",
-                f"out={tmp_path / 'probe'}", tool="blocklab-eval")
+    probe = run_cli(capfd, "blocklab-eval", f"ckpt={imported}", "probes=text",
+                    "probes.needle.lengths=[1.0]", "probes.train_length=48", "probes.needle.n=1",
+                    "probes.needle.depths=[0.5]", "probes.litm.enabled=false",
+                    "probes.perplexity.lengths=[1.0]", f"out={tmp_path / 'probe'}")
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert (tmp_path / "probe").is_dir()
 
@@ -96,24 +100,25 @@ def test_import_finetune_resume_eval_export(tmp_path):
         assert (back(ids).logits - tuned(ids)).abs().max().item() <= 1e-5
 
 
-def test_init_from_refuses_incompatible_overrides_listing_every_key(tmp_path):
+def test_init_from_refuses_incompatible_overrides_listing_every_key(tmp_path, capfd):
     _, src = _save(tmp_path, "llama-mha-tied-nobias")
-    r = cli(*_train_args(tmp_path, src, "model.n_layers=3", "model.ffn.name=gelu_mlp",
-                         "model.position.scaling=yarn", "model.position.factor=4"))
+    r = run_cli(capfd, "blocklab-train", *_train_args(
+        tmp_path, src, "model.n_layers=3", "model.ffn.name=gelu_mlp",
+        "model.position.scaling=yarn", "model.position.factor=4"))
     assert r.returncode == 2
     line = r.stderr.strip().splitlines()[-1]
     assert line.startswith("init_from refused") and "(2 keys)" in line, line
     assert "model.n_layers: 2 -> 3" in line and "model.ffn.name: 'swiglu' -> 'gelu_mlp'" in line
-    preset = cli(*_train_args(tmp_path, src, "model=gpt2_tiny"))
+    preset = run_cli(capfd, "blocklab-train", *_train_args(tmp_path, src, "model=gpt2_tiny"))
     assert preset.returncode == 2 and "drop the model preset" in preset.stderr
 
 
-def test_init_from_a_hf_directory_with_context_extension(tmp_path):
+def test_init_from_a_hf_directory_with_context_extension(tmp_path, capfd):
     """Straight from the HF directory, rope scaling applied on top (a compatible change)."""
     _, src = _save(tmp_path, "llama-mqa-tied-bias")
-    r = cli(*_train_args(tmp_path, src, "model.position.scaling=yarn", "model.position.factor=2",
-                         "model.max_seq_len=128", "trainer.max_steps=2",
-                         f"run_dir={tmp_path / 'ext'}"))
+    r = run_cli(capfd, "blocklab-train", *_train_args(
+        tmp_path, src, "model.position.scaling=yarn", "model.position.factor=2",
+        "model.max_seq_len=128", "trainer.max_steps=2", f"run_dir={tmp_path / 'ext'}"))
     assert r.returncode == 0, r.stderr[-3000:]
     meta = json.loads((ckpt.list_checkpoints(tmp_path / "ext")[-1] / "meta.json").read_text())
     assert meta["init_from"]["kind"] == "hf"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from inprocess import run_cli
 from train.test_train_cli import BIN, losses
 
 pytestmark = pytest.mark.slow
@@ -91,12 +92,13 @@ def _foreign(tmp_path: Path) -> Path:
     return d
 
 
-def test_a_foreign_tokenizer_trains_checkpoints_evaluates_and_probes(tmp_path):
+def test_a_foreign_tokenizer_trains_checkpoints_evaluates_and_probes(tmp_path, capfd):
+    """(The commands run in process: tests/inprocess.py.)"""
     data = corpus(tmp_path)
     tok_dir = _foreign(tmp_path)
     run = tmp_path / "run"
     args = [a for a in text_args(tmp_path, data, f"run_dir={run}") if a != "tokenizer=byte"]
-    r = cli(*args, "tokenizer=file", f"tokenizer.path={tok_dir}")
+    r = run_cli(capfd, "blocklab-train", *args, "tokenizer=file", f"tokenizer.path={tok_dir}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "<pad> added as id" in r.stderr and "<mask> added as id" in r.stderr
     meta = json.loads((run / "checkpoints" / "step-000012" / "meta.json").read_text())
@@ -107,11 +109,12 @@ def test_a_foreign_tokenizer_trains_checkpoints_evaluates_and_probes(tmp_path):
     assert meta["specials"]["bos"] == meta["specials"]["eos"] == eot != 1
     assert meta["specials"]["pad"] > eot and meta["config"]["model"]["vocab_size"] == \
         tok.get_vocab_size() + 2
-    ev = cli(f"ckpt={run}", "probes=text", "probes.needle.lengths=[1.0]", "probes.needle.n=2",
-             "probes.needle.depths=[0.5]", "probes.litm.enabled=false",
-             "probes.perplexity.lengths=[1.0]", "probes.perplexity.tokens=64",
-             "probes.train_length=600", "probes.text.max_new_tokens=4",
-             f"out={tmp_path / 'eval'}", tool="blocklab-eval")
+    ev = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=text",
+                 "probes.needle.lengths=[1.0]", "probes.needle.n=2",
+                 "probes.needle.depths=[0.5]", "probes.litm.enabled=false",
+                 "probes.perplexity.lengths=[1.0]", "probes.perplexity.tokens=64",
+                 "probes.train_length=600", "probes.text.max_new_tokens=4",
+                 f"out={tmp_path / 'eval'}")
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "val/loss" in ev.stdout
     (probe_dir,) = [p for p in (tmp_path / "eval").iterdir() if p.is_dir()]
@@ -156,15 +159,17 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path):
     assert out[20]["read"] < 1.5 * out[2]["read"], out
 
 
-def test_blocklab_prepare_prepares_once(tmp_path):
+def test_blocklab_prepare_prepares_once(tmp_path, capfd):
+    """The first preparation is the real command; the second (which finds the first's shards
+    on disk: it shares nothing in memory with it) and the refusal run in process."""
     data = corpus(tmp_path, n_files=10)
     args = ["data=text_files", f"data.files=[{data}]", "tokenizer=byte",
             f"data.cache_dir={tmp_path / 'cache'}"]
     first = cli(*args, tool="blocklab-prepare")
     assert first.returncode == 0, first.stderr[-2000:]
     assert "data: prepared" in first.stderr and first.stdout.startswith("prepared corpus ")
-    second = cli(*args, tool="blocklab-prepare")
+    second = run_cli(capfd, "blocklab-prepare", *args)
     assert second.returncode == 0 and "data: prepared" not in second.stderr
     assert second.stdout == first.stdout  # the same corpus, reused
-    bad = cli("data=retrieval_mix", tool="blocklab-prepare")
+    bad = run_cli(capfd, "blocklab-prepare", "data=retrieval_mix")
     assert bad.returncode == 2 and "only text data is prepared" in bad.stderr
