@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from inprocess import run_cli
+
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
@@ -31,7 +33,7 @@ def cli(*args: str, tool: str = "blocklab-train", plugin: bool = True,
                           env=env, cwd=cwd)
 
 
-def test_plugin_components_train_and_evaluate_from_a_user_config_dir(tmp_path):
+def test_plugin_components_train_and_evaluate_from_a_user_config_dir(tmp_path, capfd):
     run = tmp_path / "run"
     r = cli("--config-dir", str(PLUGIN / "configs"), "experiment=example_plugin", *FAST,
             f"run_dir={run}")
@@ -42,7 +44,10 @@ def test_plugin_components_train_and_evaluate_from_a_user_config_dir(tmp_path):
         "squared_relu", "scalenorm", "parallel")
     assert json.loads((run / "run.json").read_text())["params"] == meta["params"] > 0
 
-    r = cli(f"ckpt={run}", "probes=coarse", "probes.litm.enabled=false", tool="blocklab-eval")
+    # (in process, where the example plugin is registered by conftest.py: its loading from
+    # $BLOCKLAB_PLUGINS is shown by the training above, its absence by the command below)
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=coarse",
+                "probes.litm.enabled=false")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "val/loss" in r.stdout
 
@@ -63,7 +68,7 @@ def test_a_registered_component_is_chosen_by_name_without_any_yaml(tmp_path):
     assert "model.ffn.name='squared_relu': unknown choice" in r.stderr
 
 
-def test_user_presets_and_experiments_come_from_a_user_config_dir(tmp_path):
+def test_user_presets_and_experiments_come_from_a_user_config_dir(tmp_path, capfd):
     configs = tmp_path / "my_configs"
     (configs / "model").mkdir(parents=True)
     (configs / "experiment").mkdir()
@@ -77,8 +82,8 @@ def test_user_presets_and_experiments_come_from_a_user_config_dir(tmp_path):
         assert r.returncode == 0, r.stderr[-3000:]
         assert "d_model: 48" in r.stdout and "experiment_name: mine" in r.stdout
     run = tmp_path / "run"
-    r = cli("--config-dir", str(configs), "experiment=mine", *FAST, f"run_dir={run}",
-            plugin=False, cwd=tmp_path)
+    r = run_cli(capfd, "blocklab-train", "--config-dir", str(configs), "experiment=mine", *FAST,
+                f"run_dir={run}", cwd=tmp_path)  # (in process: no plugin involved)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "d_model: 48" in (run / "config.yaml").read_text()
 
