@@ -97,10 +97,12 @@ def test_blocklab_eval_runs_text_probes_on_the_import(smol, pretrained, tmp_path
     import in test_import_cli.py). import_model's read of the GGUF is the one the
     ``pretrained`` fixture made with the same arguments (~7 s); it builds and writes as is."""
     import csv
+    import importlib
 
     from blocklab.config import LitmProbeConfig, NeedleProbeConfig, PerplexityProbeConfig, ProbeSpec
-    from blocklab.convert import api, import_model
     from blocklab.eval.evaluate import evaluate_checkpoint
+
+    api = importlib.import_module("blocklab.convert.api")  # import_model's own module
 
     found, _, _ = smol
     reads = []
@@ -111,7 +113,7 @@ def test_blocklab_eval_runs_text_probes_on_the_import(smol, pretrained, tmp_path
         return pretrained
 
     monkeypatch.setattr(api, "read_pretrained", read_once)
-    target = import_model(found[0], tmp_path / "smol", gguf=found[1], log=lambda *_: None)
+    target = api.import_model(found[0], tmp_path / "smol", gguf=found[1], log=lambda *_: None)
     assert reads == [found[0]]
     spec = ProbeSpec(name="text", space="text", train_length=256, batch_size=2,
                      needle=NeedleProbeConfig(lengths=[1.0], depths=[0.5], n=2,

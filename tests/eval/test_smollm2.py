@@ -14,8 +14,13 @@ pytestmark = pytest.mark.slow
 def test_smollm2_finds_the_needle_among_distractors(tmp_path, monkeypatch, smollm2):
     """probe_hf's own load is the one the ``smollm2`` fixture (conftest.py) already made with
     the same arguments (shared with convert/test_smollm2_import.py); the rest runs as is."""
-    from blocklab.eval import hf as hf_module
+    import importlib
+
     from blocklab.eval.evaluate import probe_hf
+
+    # the module probe_hf imports from (sys.modules: eval/test_hf.py re-imports it once, so the
+    # package attribute blocklab.eval.hf may be another module object)
+    hf_module = importlib.import_module("blocklab.eval.hf")
 
     found, model, tokenizer = smollm2
     loads = []
