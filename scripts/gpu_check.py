@@ -358,7 +358,8 @@ def blocklab_train(overrides: list[str], out_root: Path, timeout: int) -> dict:
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     out = {"command": "blocklab-train " + " ".join(cmd[3:]), "returncode": r.returncode,
-           "trainer": " ".join(o for o in overrides if o.startswith("trainer=")),
+           "trainer": " ".join(o for o in overrides if o.startswith(("trainer=",
+                                                                      "trainer.compile="))),
            "wall_s": time.perf_counter() - t0}
     if r.returncode:
         out["stderr_tail"] = r.stderr[-2000:]
@@ -373,7 +374,8 @@ def blocklab_train(overrides: list[str], out_root: Path, timeout: int) -> dict:
         xs = [float(r[key]) for r in later if r.get(key)]
         return statistics.median(xs) if xs else None
 
-    out |= {"steps": len(rows) and max(int(float(r["step"])) for r in rows if r.get("step")),
+    steps = [o.split("=", 1)[1] for o in overrides if o.startswith("trainer.max_steps=")]
+    out |= {"steps": int(steps[-1]), "metric_rows": len(rows),
             "mfu": med("train/mfu"), "tokens_per_s": med("train/tokens_per_s"),
             "last_loss": next((float(r["train/loss"]) for r in reversed(rows)
                                if r.get("train/loss")), None)}
@@ -382,7 +384,9 @@ def blocklab_train(overrides: list[str], out_root: Path, timeout: int) -> dict:
 
 def train_overrides(sizes: Sizes, dry: bool, peak: float | None,
                     trainer: list[str] | None = None) -> list[str]:
-    trainer = trainer or (["trainer=cpu", "trainer.threads=1"] if dry else ["trainer=gpu"])
+    # the dry run compiles too (trainer=gpu does): the CLI's compiled path runs in CI
+    trainer = trainer or (["trainer=cpu", "trainer.threads=1", "trainer.compile=true"] if dry
+                          else ["trainer=gpu"])
     return [*trainer, *sizes.model, f"data.seq_len={sizes.seq}", f"data.min_len={sizes.seq}",
             f"data.batch_size={sizes.batch}", "data.val_batches=1", "data.curriculum=[]",
             "data.num_workers=0" if dry else "data.num_workers=4",
@@ -536,7 +540,7 @@ def _sdpa(model_cfg, device: torch.device, sizes: Sizes) -> dict:
 
 def _fsdp(sizes: Sizes, dry: bool, out_dir: Path) -> dict:
     devices = 1 if dry else torch.cuda.device_count()
-    trainer = (["trainer=model_parallel", "trainer.devices=1"] if dry
+    trainer = (["trainer=model_parallel", "trainer.devices=1", "trainer.threads=1"] if dry
                else ["trainer=fsdp", f"trainer.devices={devices}"])
     steps = sizes.fsdp_steps
     overrides = [*train_overrides(sizes, dry, None, trainer), f"trainer.max_steps={steps}",

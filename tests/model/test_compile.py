@@ -28,6 +28,31 @@ from blocklab.model.generate import _decode_step, generate
 DEC, ED = "decoder", "encoder_decoder"
 
 
+def _position(cfg: ModelConfig) -> tuple[str, object]:
+    return cfg.position.name, cfg.position.scaling if cfg.position.name == "rope" else None
+
+
+def covering(variants: list[tuple[str, ModelConfig]]) -> list[tuple[str, ModelConfig]]:
+    """A few variants of the grid in which every value of every axis (family, position scheme,
+    head layout, norm, placement, FFN, window pattern) occurs at least once (greedy cover)."""
+    def values(name: str, cfg: ModelConfig) -> set[tuple[str, object]]:
+        return {("family", cfg.family.name), ("position", _position(cfg)),
+                ("attention", cfg.attention.name), ("norm", cfg.norm.name),
+                ("block", cfg.block.name), ("ffn", cfg.ffn.name),
+                ("window", (cfg.attention.window, cfg.attention.global_every))}
+
+    todo = set().union(*(values(n, c) for n, c in variants))
+    chosen = []
+    while todo:
+        best = max(variants, key=lambda v: len(values(*v) & todo))
+        chosen.append(best)
+        todo -= values(*best)
+    return chosen
+
+
+COVER = covering(grid())
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     dynamo.reset()
@@ -55,7 +80,22 @@ def _grads(model) -> list[torch.Tensor]:
 
 
 @params()
+def test_training_forward_captures_one_graph_without_breaks_equal_to_eager(cfg):
+    """Dynamo's capture of the training forward (packed / padded batches) over the whole grid:
+    one graph, no break (fullgraph would raise), and running it gives the eager logits."""
+    model = build_model(cfg)
+    args, kw = _train_inputs(cfg)
+    eager = model(*args, **kw)
+    counter = CompileCounterWithBackend("eager")
+    out = torch.compile(model, backend=counter, fullgraph=True)(*args, **kw)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out, eager, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in COVER], ids=[n for n, _ in COVER])
 def test_training_forward_and_backward_compile_to_one_graph_equal_to_eager(cfg):
+    """Forward + backward through AOTAutograd (the joint graph, functionalized and split) on
+    variants covering every axis value: one graph, outputs and gradients equal to eager."""
     model = build_model(cfg)
     args, kw = _train_inputs(cfg)
     eager = model(*args, **kw)
@@ -109,8 +149,22 @@ def test_static_cache_decoding_equals_the_full_forward(cfg):
     assert cache.length == 15
 
 
+CAUSAL_COVER = covering(grid(DEC, ED))
+
+
 @params(DEC, ED)
-def test_a_static_decode_step_compiles_once_to_one_graph_equal_to_eager(cfg):
+def test_a_static_decode_step_captures_once_to_one_graph_equal_to_eager(cfg):
+    _decode_steps(cfg, "eager")
+
+
+@pytest.mark.parametrize("cfg", [c for _, c in CAUSAL_COVER], ids=[n for n, _ in CAUSAL_COVER])
+def test_a_static_decode_step_compiles_through_aot_equal_to_eager(cfg):
+    """The cache's in-place slot writes functionalized by AOTAutograd, on the covering
+    variants."""
+    _decode_steps(cfg, "aot_eager")
+
+
+def _decode_steps(cfg: ModelConfig, backend: str) -> None:
     """Three decode steps through one compiled function: one graph, no recompile between
     steps (the write slot and positions are tensors), logits equal to the eager step."""
     model = build_model(cfg).eval()
@@ -118,7 +172,7 @@ def test_a_static_decode_step_compiles_once_to_one_graph_equal_to_eager(cfg):
     prepared = model.prepare(**src)
     positions = torch.where(valid, valid.long().cumsum(-1) - 1, 0)
     caches = [model.new_cache(3, 16, static=True) for _ in range(2)]
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = CompileCounterWithBackend(backend)
     step = torch.compile(_decode_step, backend=counter, fullgraph=True, dynamic=False)
     with torch.no_grad():
         for cache in caches:
@@ -215,7 +269,74 @@ def test_fixed_shape_mode_compiles_once_per_padded_length():
     assert _frames(model, padded, dynamic=False) == 3
 
 
-def test_grid_covers_every_family_and_the_windowed_variants():
-    names = [n for n, _ in grid()]
-    assert {n.split("-")[0] for n in names} == {"encoder", "decoder", "encoder_decoder"}
-    assert any(n.endswith("-w3") for n in names) and any(n.endswith("g2") for n in names)
+def test_the_covering_subset_meets_every_axis_value_of_the_grid():
+    assert len(COVER) <= 16
+    assert {c.family.name for _, c in COVER} == {"encoder", "decoder", "encoder_decoder"}
+    assert {_position(c) for _, c in COVER} == {_position(c) for _, c in grid()}
+    assert len({_position(c) for _, c in COVER}) == 10
+    assert {c.ffn.name for _, c in COVER} == {c.ffn.name for _, c in grid()}
+    assert {c.block.name for _, c in COVER} == {c.block.name for _, c in grid()}
+    assert {c.attention.window for _, c in COVER} == {3, 5, None}
+
+
+# ---- probes and padded batches ---------------------------------------------------------------
+
+
+def test_probes_under_compile_give_the_eager_answers():
+    """The checkpoint probes of a trainer.compile=true run score through the compiled model
+    (dynamo's graphs and guards, aot_eager here; inductor's numerics are the reference-shape
+    test's): every cell's accuracy is the eager one, log-prob statistics within 1e-4."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "eval"))
+    from test_probes import VOCAB as PROBE_VOCAB
+    from test_probes import run, small_spec
+
+    from blocklab.config import PerplexityProbeConfig
+    from blocklab.eval.backends import BlocklabBackend
+
+    model = build_model(ModelConfig(vocab_size=PROBE_VOCAB.size, max_seq_len=64, init_std=0.2,
+                                    position=PositionConfig(name="rope"))).eval()
+    spec = small_spec(perplexity=PerplexityProbeConfig(lengths=[1.0], tokens=256))
+    eager = run(BlocklabBackend(model), spec).cells
+    model.compile(backend="aot_eager")
+    compiled = run(BlocklabBackend(model), spec).cells
+    assert len(compiled) == len(eager) > 10
+    logprobs = {round(e["logprob"], 3) for e in eager if e.get("logprob") is not None}
+    assert len(logprobs) > 3  # the cells score distinct answers: a wrong graph would show
+    for c, e in zip(compiled, eager):
+        assert c.keys() == e.keys()
+        for key, value in e.items():
+            if isinstance(value, float):
+                assert abs(c[key] - value) <= 1e-4, (key, c, e)
+            else:
+                assert c[key] == value, (key, c, e)
+
+
+@pytest.mark.parametrize(("family", "packing"), [(DEC, False), (DEC, True), ("encoder", False),
+                                                 (ED, False)])
+def test_padding_batches_to_a_multiple_changes_no_loss(family, packing):
+    """data.pad_to_multiple: every (B, T) tensor of a batch grows to a multiple of 16 (capped at
+    seq_len), and the loss, the targets counted and every real position's logits stay the same."""
+    from blocklab.config import DataConfig
+    from blocklab.data.mixture import Mixture
+    from blocklab.objectives import build_objective
+
+    data = DataConfig(seq_len=40, min_len=20, batch_size=4, packing=packing, pad_to_multiple=16)
+    plain_data = DataConfig(seq_len=40, min_len=20, batch_size=4, packing=packing)
+    mixture = Mixture(plain_data)
+    examples = [mixture(i) for i in range(4)]
+    plain, padded = (build_objective(family, d).collate(examples) for d in (plain_data, data))
+    model = build_model(tiny(family, PositionConfig(name="alibi"), vocab_size=512))
+    grew = False
+    for key, t in plain.items():
+        width = padded[key].shape[1]
+        assert width % 16 == 0 or width == 40, (key, width)
+        assert torch.equal(padded[key][:, : t.shape[1]], t)
+        grew |= width > t.shape[1]
+    objective = build_objective(family, data)
+    a, b = objective.loss(model, plain), objective.loss(model, padded)
+    assert int(a.count) == int(b.count) > 0
+    torch.testing.assert_close(b.loss, a.loss, atol=1e-6, rtol=0)
+    assert grew != packing  # packed rows are already seq_len wide: nothing to pad

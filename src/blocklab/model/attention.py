@@ -73,7 +73,8 @@ class KVCache:
         self.ring_positions = torch.zeros(batch, self.slots, dtype=torch.long, device=device)
         self.ring_order = torch.zeros(batch, self.slots, dtype=torch.long, device=device)
         self.ring_valid = torch.zeros(batch, self.slots, dtype=torch.bool, device=device)
-        self.seen = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row
+        # real tokens per row (kept for the local layers' token orders only)
+        self.seen = torch.zeros(batch, dtype=torch.long, device=device)
         self.next_position = torch.zeros(batch, dtype=torch.long, device=device)
         self._capacity = capacity
         self.has_padding = False
@@ -103,21 +104,22 @@ class KVCache:
         if end > self.capacity:
             raise ValueError(f"KV cache full: {end} tokens > capacity {self.capacity}")
         b, t = positions.shape
-        real = torch.ones_like(positions, dtype=torch.bool) if valid is None else valid.bool()
-        q_order = self.seen[:, None] + token_order(valid, b, t, positions.device)  # (B, T)
-        self.seen = self.seen + real.sum(-1)
-        self.next_position = torch.maximum(self.next_position,
-                                           torch.where(real, positions + 1, 0).amax(-1))
-        if valid is not None and not self.has_padding:
+        real = None if valid is None else valid.bool()
+        ends = positions + 1 if real is None else torch.where(real, positions + 1, 0)
+        self.next_position = torch.maximum(self.next_position, ends.amax(-1))
+        if real is not None and not self.has_padding:
             self.has_padding = not bool(real.all())
         g_positions = g_valid = None
         if self.k.shape[0]:
             self.positions[:, start:end] = positions
-            self.valid[:, start:end] = real
+            self.valid[:, start:end] = True if real is None else real
             g_positions = self.positions[:, :end]
             g_valid = self.valid[:, :end] if self.has_padding else None
-        if not self.ring_k.shape[0]:
+        if not self.ring_k.shape[0]:  # global layers only: no token orders to keep
             return CachedKeys(g_positions, g_valid, None, None, None, None)
+        real = torch.ones_like(positions, dtype=torch.bool) if real is None else real
+        q_order = self.seen[:, None] + token_order(valid, b, t, positions.device)  # (B, T)
+        self.seen = self.seen + real.sum(-1)
         keys = CachedKeys(g_positions, g_valid,
                           torch.cat((self.ring_positions, positions), 1),
                           torch.cat((self.ring_valid, real), 1),

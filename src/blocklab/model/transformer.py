@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from blocklab.config import ModelConfig, model_config
 from blocklab.model import masks
 from blocklab.model.attention import KVCache, StaticKVCache
-from blocklab.model.blocks import Context
+from blocklab.model.blocks import Context, identity
 from blocklab.model.heads import LMHead, MLMHead
 from blocklab.model.position import positions_from_segments, positions_from_valid
 from blocklab.registry import lookup
@@ -67,8 +67,8 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(block(m, i, cross=cross) for i in range(n_layers))
         norm = lookup("norm", m.norm.name)
         self.final_norm = norm(m.norm, m.d_model) if block.final_norm else nn.Identity()
-        self.embed_norm = norm(m.norm, m.d_model) if m.embed_norm else nn.Identity()
-        self.drop = nn.Dropout(m.dropout) if m.dropout else nn.Identity()
+        self.embed_norm = norm(m.norm, m.d_model) if m.embed_norm else identity
+        self.drop = nn.Dropout(m.dropout) if m.dropout else identity
 
     def forward(self, x: Tensor, *, positions: Tensor, valid: Tensor | None = None,
                 segments: Tensor | None = None, cache: KVCache | None = None,
