@@ -2,12 +2,18 @@
 (docs/examples/plugin) registered, so every grid test covers them like built-ins."""
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 for _k, _v in {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1"}.items():
     os.environ.setdefault(_k, _v)
+# torch.compile's on-disk caches start empty in every session (subprocesses inherit it): the
+# compiled-path tests compile for real, never from an earlier run's kernels
+_INDUCTOR_CACHE = tempfile.mkdtemp(prefix="blocklab-inductor-")
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = _INDUCTOR_CACHE
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -41,3 +47,7 @@ def smollm2():
     pytest.importorskip("transformers")
     hf, tok = load_hf_causal_lm(found[0], gguf_file=found[1])
     return found, hf.eval(), tok
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)

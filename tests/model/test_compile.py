@@ -210,7 +210,7 @@ REFERENCE = {  # (family, position, heads, (norm, placement, ffn))
 @pytest.mark.parametrize("name", list(REFERENCE))
 def test_inductor_training_and_compiled_decoding_equal_eager(name):
     family, position, heads, style = REFERENCE[name]
-    cfg = tiny(family, position, heads, style=STYLES.index(style), d_model=64)
+    cfg = tiny(family, position, heads, style=STYLES.index(style), d_model=64, n_layers=1)
     model = build_model(cfg)
     args, kw = _train_inputs(cfg)
     eager = model(*args, **kw)

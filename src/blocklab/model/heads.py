@@ -24,7 +24,7 @@ class LMHead(nn.Module):
     def forward(self, h: Tensor) -> Tensor:
         if self.scale != 1.0:
             h = h * self.scale
-        return self.proj(h)  # (B, T, V)
+        return F.linear(h, self.proj.weight)  # (B, T, V); no bias (a module call per token)
 
     @staticmethod
     def param_count(m: ModelConfig) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import PositionConfig, RopeScaling
@@ -100,7 +101,7 @@ class Learned(Position):
         if not compiling and positions.numel() and int(positions.max()) >= self.max_positions:
             raise IndexError(f"learned positions: position {int(positions.max())} is beyond the "
                              f"table (model.max_seq_len={self.max_positions})")
-        return x + self.table(positions)
+        return x + F.embedding(positions, self.table.weight)
 
     @staticmethod
     def param_count(cfg: PositionConfig, *, d_model: int, max_seq_len: int, **dims: int) -> int:

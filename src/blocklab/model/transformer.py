@@ -65,6 +65,9 @@ class Stack(nn.Module):
             max_seq_len=m.max_seq_len, causal=causal)
         block = lookup("block", m.block.name)
         self.blocks = nn.ModuleList(block(m, i, cross=cross) for i in range(n_layers))
+        self.windows = [b.window for b in self.blocks]  # per layer, None = global
+        self.has_global = None in self.windows
+        self.has_local = any(w is not None for w in self.windows)
         norm = lookup("norm", m.norm.name)
         self.final_norm = norm(m.norm, m.d_model) if block.final_norm else nn.Identity()
         self.embed_norm = norm(m.norm, m.d_model) if m.embed_norm else identity
@@ -76,9 +79,7 @@ class Stack(nn.Module):
                 memory_segments: Tensor | None = None) -> Tensor:
         """x: (B, T, d) token embeddings -> (B, T, d) hidden states."""
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
-        windows = [block.window for block in self.blocks]
-        has_global = None in windows
-        has_local = any(w is not None for w in windows)
+        has_global, has_local = self.has_global, self.has_local
         t = x.shape[1]
         common = {"causal": self.causal, "q_len": t, "device": x.device}
         global_vis = local_vis = None
@@ -94,9 +95,9 @@ class Stack(nn.Module):
             if segments is not None:
                 raise ValueError("segments (packed documents) are a training-time input; a KV "
                                  "cache decodes one document per row")
-            if cache.layer_windows != windows:
+            if cache.layer_windows != self.windows:
                 raise ValueError(f"KV cache built for layer windows {cache.layer_windows}, this "
-                                 f"stack has {windows}; make it with model.new_cache()")
+                                 f"stack has {self.windows}; make it with model.new_cache()")
             keys = cache.begin(positions, valid)
             if keys.positions is not None:
                 global_vis = masks.self_visibility(
