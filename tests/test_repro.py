@@ -192,16 +192,21 @@ def test_cli_usage_errors_and_list(tmp_path, monkeypatch, capsys) -> None:
     assert not (tmp_path / "outputs").exists()  # nothing written by a refused command
 
 
+# experiment -> models its quick protocol trains; receptive_field measures the runs mqar trained
+QUICK_GROUPS = [{"mqar": 2, "receptive_field": 0}, {"extrapolation": 3}]
+
+
 @pytest.mark.slow
-def test_quick_protocols_pass_and_their_breaks_fail(tmp_path) -> None:
+@pytest.mark.parametrize("group", QUICK_GROUPS, ids=["mqar+receptive_field", "extrapolation"])
+def test_quick_protocols_pass_and_their_breaks_fail(tmp_path, group) -> None:
     """The CI subset of every reference experiment meets its expected result, and every
-    deliberate defect makes the same check fail, reusing the trained runs. One test, in this
-    order: the receptive-field experiment measures the run mqar trained (no training of its
-    own), so the whole subset trains 5 small models."""
+    deliberate defect makes the same check fail, reusing the trained runs. In order within a
+    group: the receptive-field experiment measures the run mqar trained (no training of its
+    own), so the whole subset trains 5 small models (two groups, run in parallel)."""
     from blocklab.repro.runner import run, write
 
     trained = {}
-    for name in ("mqar", "receptive_field", "extrapolation"):
+    for name in group:
         exp = ex.experiment(name, "quick")
         good = run(exp, size="quick", seeds=None, root=tmp_path, log=lambda s: None)
         write(exp, good, tmp_path / name)
@@ -215,4 +220,9 @@ def test_quick_protocols_pass_and_their_breaks_fail(tmp_path) -> None:
                       log=lambda s: None)
             assert bad.trained == 0  # the broken arms are already trained
             assert not bad.passed, f"{name} --break {what} still passes"
-    assert trained == {"mqar": 2, "receptive_field": 0, "extrapolation": 3}
+    assert trained == group
+
+
+def test_the_quick_groups_cover_every_experiment_once() -> None:
+    names = [name for group in QUICK_GROUPS for name in group]
+    assert sorted(names) == sorted(ex.NAMES)
