@@ -109,22 +109,26 @@ def test_training_forward_captures_one_graph_without_breaks_equal_to_eager(cfg):
 def test_training_forward_and_backward_compile_to_one_graph_equal_to_eager(cfg):
     """Forward + backward through AOTAutograd (the joint graph, functionalized and split) on
     variants covering every axis value: one graph, outputs and gradients equal to eager."""
-    model = build_model(cfg)
+    _train_step_matches_eager(build_model(cfg), cfg, "aot_eager", tol=1e-6)
+
+
+def _train_step_matches_eager(model, cfg: ModelConfig, backend: str, tol: float) -> None:
+    """A compiled forward + backward: one graph (a break would raise), outputs and every
+    gradient within ``tol`` of eager."""
     args, kw = _train_inputs(cfg)
     eager = model(*args, **kw)
     eager.square().mean().backward()
     eager_grads = _grads(model)
     model.zero_grad()
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(model, backend=counter, fullgraph=True)  # a break would raise
-    out = compiled(*args, **kw)
+    counter = CompileCounterWithBackend(backend)
+    out = torch.compile(model, backend=counter, fullgraph=True)(*args, **kw)
     out.square().mean().backward()
     assert counter.frame_count == 1
-    torch.testing.assert_close(out, eager, atol=1e-6, rtol=0)
+    torch.testing.assert_close(out, eager, atol=tol, rtol=tol)
     grads = _grads(model)
     assert len(grads) == len(eager_grads)
     for g, e in zip(grads, eager_grads):
-        torch.testing.assert_close(g, e, atol=1e-6, rtol=0)
+        torch.testing.assert_close(g, e, atol=tol, rtol=tol)
 
 
 def _prompt(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -225,16 +229,7 @@ def test_inductor_training_and_compiled_decoding_equal_eager(name):
     family, position, heads, style, decode = REFERENCE[name]
     cfg = tiny(family, position, heads, style=STYLES.index(style), d_model=64, n_layers=1)
     model = build_model(cfg)
-    args, kw = _train_inputs(cfg)
-    eager = model(*args, **kw)
-    eager.square().mean().backward()
-    eager_grads = _grads(model)
-    model.zero_grad()
-    out = torch.compile(model, fullgraph=True)(*args, **kw)
-    out.square().mean().backward()
-    torch.testing.assert_close(out, eager, atol=1e-5, rtol=1e-5)
-    for g, e in zip(_grads(model), eager_grads, strict=True):
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    _train_step_matches_eager(model, cfg, "inductor", tol=1e-5)
     if not decode:
         return
     model.eval()
