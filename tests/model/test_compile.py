@@ -109,12 +109,12 @@ def test_training_forward_captures_one_graph_without_breaks_equal_to_eager(cfg):
 def test_training_forward_and_backward_compile_to_one_graph_equal_to_eager(cfg):
     """Forward + backward through AOTAutograd (the joint graph, functionalized and split) on
     variants covering every axis value: one graph, outputs and gradients equal to eager."""
-    _train_step_matches_eager(build_model(cfg), cfg, "aot_eager", tol=1e-6)
+    assert _train_step_matches_eager(build_model(cfg), cfg, "aot_eager", tol=1e-6) == 1
 
 
-def _train_step_matches_eager(model, cfg: ModelConfig, backend: str, tol: float) -> None:
-    """A compiled forward + backward: one graph (a break would raise), outputs and every
-    gradient within ``tol`` of eager."""
+def _train_step_matches_eager(model, cfg: ModelConfig, backend: str, tol: float) -> int:
+    """A compiled forward + backward (a break would raise): outputs and every gradient within
+    ``tol`` of eager; returns the number of graphs compiled."""
     args, kw = _train_inputs(cfg)
     eager = model(*args, **kw)
     eager.square().mean().backward()
@@ -123,12 +123,12 @@ def _train_step_matches_eager(model, cfg: ModelConfig, backend: str, tol: float)
     counter = CompileCounterWithBackend(backend)
     out = torch.compile(model, backend=counter, fullgraph=True)(*args, **kw)
     out.square().mean().backward()
-    assert counter.frame_count == 1
     torch.testing.assert_close(out, eager, atol=tol, rtol=tol)
     grads = _grads(model)
     assert len(grads) == len(eager_grads)
     for g, e in zip(grads, eager_grads):
         torch.testing.assert_close(g, e, atol=tol, rtol=tol)
+    return counter.frame_count
 
 
 def _prompt(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -171,19 +171,20 @@ CAUSAL_COVER = covering(grid(DEC, ED))
 
 @params(DEC, ED)
 def test_a_static_decode_step_captures_once_to_one_graph_equal_to_eager(cfg):
-    _decode_steps(one_layer(cfg), "eager")
+    assert _decode_steps(one_layer(cfg), "eager") == 1
 
 
 @pytest.mark.parametrize("cfg", [c for _, c in CAUSAL_COVER], ids=[n for n, _ in CAUSAL_COVER])
 def test_a_static_decode_step_compiles_through_aot_equal_to_eager(cfg):
     """The cache's in-place slot writes functionalized by AOTAutograd, on the covering
     variants."""
-    _decode_steps(cfg, "aot_eager")
+    assert _decode_steps(cfg, "aot_eager") == 1
 
 
-def _decode_steps(cfg: ModelConfig, backend: str) -> None:
-    """Three decode steps through one compiled function: one graph, no recompile between
-    steps (the write slot and positions are tensors), logits equal to the eager step."""
+def _decode_steps(cfg: ModelConfig, backend: str) -> int:
+    """Three decode steps through one compiled function, logits equal to the eager step;
+    returns the graphs compiled (one: the write slot and positions are tensors, so no step
+    recompiles)."""
     model = build_model(cfg).eval()
     ids, valid, src = _prompt(cfg)
     prepared = model.prepare(**src)
@@ -201,7 +202,7 @@ def _decode_steps(cfg: ModelConfig, backend: str) -> None:
             out = step(model, token, positions=pos, valid=None, cache=caches[1], **prepared)
             torch.testing.assert_close(out, eager, atol=1e-6, rtol=0)
             token = eager[:, -1].argmax(-1, keepdim=True)
-    assert counter.frame_count == 1
+    return counter.frame_count
 
 
 @params(DEC, ED)
@@ -229,7 +230,7 @@ def test_inductor_training_and_compiled_decoding_equal_eager(name):
     family, position, heads, style, decode = REFERENCE[name]
     cfg = tiny(family, position, heads, style=STYLES.index(style), d_model=64, n_layers=1)
     model = build_model(cfg)
-    _train_step_matches_eager(model, cfg, "inductor", tol=1e-5)
+    assert _train_step_matches_eager(model, cfg, "inductor", tol=1e-5) == 1
     if not decode:
         return
     model.eval()
