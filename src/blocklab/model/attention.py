@@ -206,6 +206,8 @@ class StaticKVCache(KVCache):
         super().__init__(n_layers, batch, n_kv_heads, d_head, capacity, dtype=dtype,
                          device=device)  # every layer gets full global buffers
         self.layer_windows = [layer_window(window, global_every, i) for i in range(n_layers)]
+        self._has_local = any(w is not None for w in self.layer_windows)
+        self._has_global = None in self.layer_windows
         self.order = torch.zeros(batch, capacity, dtype=torch.long, device=device)
         self.index = torch.zeros((), dtype=torch.long, device=device)  # next slot to write
         self._slots: Tensor | None = None  # this forward's slots
@@ -245,12 +247,10 @@ class StaticKVCache(KVCache):
         self.seen.add_(real.sum(-1))
         self.next_position.copy_(torch.maximum(self.next_position,
                                                torch.where(real, positions + 1, 0).amax(-1)))
-        has_local = any(w is not None for w in self.layer_windows)
-        has_global = any(w is None for w in self.layer_windows)
         every = (self.positions, self.valid, self.order)
-        return CachedKeys(*(every[:2] if has_global else (None, None)),
-                          *(every if has_local else (None, None, None)), q_order,
-                          order=self.order if has_global else None)
+        return CachedKeys(*(every[:2] if self._has_global else (None, None)),
+                          *(every if self._has_local else (None, None, None)), q_order,
+                          order=self.order if self._has_global else None)
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store this layer's new K/V at this forward's slots; return the whole buffers

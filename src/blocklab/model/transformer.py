@@ -79,7 +79,6 @@ class Stack(nn.Module):
                 memory_segments: Tensor | None = None) -> Tensor:
         """x: (B, T, d) token embeddings -> (B, T, d) hidden states."""
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
-        has_global, has_local = self.has_global, self.has_local
         t = x.shape[1]
         common = {"causal": self.causal, "q_len": t, "device": x.device}
         global_vis = local_vis = None
@@ -87,9 +86,9 @@ class Stack(nn.Module):
             bias = self.position.score_bias(positions, positions)
             common.update(k_len=t, key_valid=valid, q_segments=segments, k_segments=segments,
                           bias=bias)
-            if has_global:
+            if self.has_global:
                 global_vis = masks.self_visibility(**common)
-            if has_local:
+            if self.has_local:
                 local_vis = masks.self_visibility(**common, window=self.window)
         else:
             if segments is not None:
