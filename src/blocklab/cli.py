@@ -220,7 +220,8 @@ def _import(cfg: DictConfig) -> None:
     if not ic.from_hf:
         raise ConfigError("config error: from_hf=None: required (a Hugging Face model directory "
                           "or hub id)")
-    target = import_model(ic.from_hf, ic.out, gguf=ic.gguf, ignore_fields=tuple(ic.ignore_fields))
+    target = import_model(ic.from_hf, ic.out, gguf=ic.gguf, ignore_fields=tuple(ic.ignore_fields),
+                          overwrite=ic.overwrite)
     print(f"imported checkpoint {target}\n"
           f"  evaluate:   blocklab-eval ckpt={target.parent.parent} probes=text\n"
           f"  fine-tune:  blocklab-train init_from={target.parent.parent} data=... tokenizer=file "
@@ -230,7 +231,7 @@ def _import(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="import")
 def import_hf(cfg: DictConfig) -> None:
     """Import a pretrained Hugging Face model as a blocklab checkpoint:
-    ``blocklab-import from_hf=<dir or org/name> [gguf=<file>] [out=<dir>]``."""
+    ``blocklab-import from_hf=<dir or org/name> [gguf=<file>] [out=<dir>] [overwrite=true]``."""
     _run(_import, cfg)
 
 
@@ -243,11 +244,12 @@ def _export(cfg: DictConfig) -> None:
     for key in ("ckpt", "out"):
         if not getattr(ec, key):
             raise ConfigError(f"config error: {key}=None: required")
-    export_model(ec.ckpt, ec.out, arch=ec.arch)
+    export_model(ec.ckpt, ec.out, arch=ec.arch, overwrite=ec.overwrite)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def export_hf(cfg: DictConfig) -> None:
     """Export a checkpoint as a Hugging Face model directory:
-    ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=llama|gpt2|bert|t5]``."""
+    ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=llama|gpt2|bert|t5]
+    [overwrite=true]``."""
     _run(_export, cfg)
