@@ -1,0 +1,107 @@
+"""Faults of the process around the work: a user plugin that raises or exits while it is imported
+(every command: one line, exit 2, nothing written; Ctrl-C still aborts), a ``blocklab-repro``
+stopped by SIGTERM (exit 7 and the command that resumes it), an output root that is a file and
+a disk that fills while probe results are written (one line, exit 6, nothing half-written)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blocklab import registry
+from inprocess import TOOLS, run_cli
+
+BIN = Path(sys.executable).parent
+
+# what each plugin module does at import, and the rule its one line must state
+PLUGINS = {
+    "exits_zero": ("import sys\nsys.exit(0)\n", "it called sys.exit(0) while being imported"),
+    "exits_text": ("raise SystemExit('bye')\n", "it called sys.exit('bye') while being imported"),
+    "raises": ("raise RuntimeError('no GPU here\\nsecond line')\n", "RuntimeError: no GPU here"),
+}
+# a command each tool would run, all of its outputs under the test's directory
+ARGS = {"blocklab-train": ["experiment=smoke", "out_root=out"],
+        "blocklab-eval": ["ckpt=missing", "out=out"],
+        "blocklab-estimate": ["model=gpt2_tiny"],
+        "blocklab-prepare": ["data=text_files", "data.files=[corpus.txt]"],
+        "blocklab-import": ["from_hf=missing", "out=out"],
+        "blocklab-export": ["ckpt=missing", "out=out"]}
+
+
+@pytest.fixture
+def plugin_dir(tmp_path, monkeypatch) -> Path:
+    """A directory of the failing plugin modules on ``sys.path``, and plugins not loaded yet."""
+    d = tmp_path / "plugins"
+    d.mkdir()
+    for name, (source, _) in PLUGINS.items():
+        (d / f"failing_{name}.py").write_text(source)
+    (d / "ctrl_c.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.setattr(registry, "_plugins_loaded", False)
+    return d
+
+
+def _written(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "plugins" not in p.parts)
+
+
+@pytest.mark.parametrize("plugin", PLUGINS)
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_plugin_that_fails_at_import_is_one_line_and_exit_2(tool, plugin, plugin_dir,
+                                                              tmp_path, capfd):
+    """``sys.exit(0)`` in a plugin used to end blocklab-train with exit 0 and nothing trained
+    (SystemExit is no Exception); ``sys.exit('text')`` printed the text and exited 1."""
+    work = tmp_path / "work"
+    work.mkdir()
+    r = run_cli(capfd, tool, *ARGS[tool], cwd=work, env={"BLOCKLAB_PLUGINS": f"failing_{plugin}"})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip().splitlines() == [
+        f"plugin error: BLOCKLAB_PLUGINS=failing_{plugin}: importing 'failing_{plugin}' failed: "
+        + PLUGINS[plugin][1] + (" (a plugin module only defines and registers components)"
+                                if "exit" in plugin else "")]
+    assert r.stdout == "" and _written(tmp_path) == ["work"]
+    assert not registry._plugins_loaded  # a fixed environment may try again
+
+
+def test_ctrl_c_while_a_plugin_is_imported_aborts_the_command(plugin_dir, tmp_path, capfd):
+    """KeyboardInterrupt is the user stopping the command, not a plugin failure: it goes on
+    up (Python's own exit for Ctrl-C), and the command does nothing."""
+    with pytest.raises(KeyboardInterrupt):
+        run_cli(capfd, "blocklab-train", "experiment=smoke", f"out_root={tmp_path / 'out'}",
+                env={"BLOCKLAB_PLUGINS": "ctrl_c"})
+    assert not (tmp_path / "out").exists() and not registry._plugins_loaded
+
+
+def test_blocklab_repro_loads_plugins_first_and_a_failing_one_is_one_line(plugin_dir, tmp_path,
+                                                                          monkeypatch, capfd):
+    """blocklab-repro used to import plugins only when the first arm was composed: after it had
+    created that arm's run directory, and a raising plugin ended in a traceback."""
+    from blocklab.repro import main
+
+    for plugin in PLUGINS:
+        monkeypatch.setenv("BLOCKLAB_PLUGINS", f"failing_{plugin}")
+        with pytest.raises(SystemExit) as e:
+            main(["mqar", "--size", "quick", "--root", str(tmp_path / "repro")])
+        err = capfd.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1, (e.value.code, err)
+        assert err[0].startswith(f"plugin error: BLOCKLAB_PLUGINS=failing_{plugin}: ")
+        assert PLUGINS[plugin][1] in err[0]
+        assert not (tmp_path / "repro").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool, args", [("blocklab-train", ["experiment=smoke"]),
+                                        ("blocklab-repro", ["mqar", "--size", "quick"])])
+def test_the_console_scripts_report_a_failing_plugin_in_one_line(tool, args, plugin_dir,
+                                                                 tmp_path):
+    env = {**os.environ, "BLOCKLAB_PLUGINS": "failing_exits_zero",
+           "PYTHONPATH": str(plugin_dir)}
+    r = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert len(r.stderr.strip().splitlines()) == 1 and "sys.exit(0)" in r.stderr
+    assert _written(tmp_path) == []
