@@ -105,3 +105,47 @@ def test_the_console_scripts_report_a_failing_plugin_in_one_line(tool, args, plu
     assert r.returncode == 2, r.stderr[-3000:]
     assert len(r.stderr.strip().splitlines()) == 1 and "sys.exit(0)" in r.stderr
     assert _written(tmp_path) == []
+
+
+# ------------------------------------------------------------------------- small refusals
+
+
+def _local(family: str, n_layers: int, global_every: int, n_encoder_layers: int | None = None):
+    from blocklab.config import AttentionConfig, FamilyConfig, ModelConfig
+
+    return ModelConfig(family=FamilyConfig(name=family, n_encoder_layers=n_encoder_layers),
+                       n_layers=n_layers, vocab_size=64, d_model=32, n_heads=4, d_ff=40,
+                       max_seq_len=64,
+                       attention=AttentionConfig(window=3, global_every=global_every))
+
+
+def test_global_every_past_every_stack_is_refused_not_silently_all_local():
+    """global_every=n makes layers n, 2n, ... global; past the depth of every stack no layer is,
+    which global_every: 0 says. An encoder-decoder whose deeper stack still gets a global layer
+    is fine (its shallower stack is all local)."""
+    from blocklab.config import ConfigError, validate_model
+
+    for ok in (_local("decoder", 4, 4), _local("encoder", 4, 2),
+               _local("encoder_decoder", 2, 3, n_encoder_layers=4),
+               _local("encoder_decoder", 4, 3, n_encoder_layers=2)):
+        assert validate_model(ok) is ok
+    for bad, depths in ((_local("decoder", 4, 5), "4 layers (model.n_layers=4)"),
+                        (_local("encoder", 2, 3), "2 layers (model.n_layers=2)"),
+                        (_local("encoder_decoder", 2, 5, n_encoder_layers=4),
+                         "4 layers (model.n_layers=2, model.family.n_encoder_layers=4)")):
+        with pytest.raises(ConfigError) as err:
+            validate_model(bad)
+        assert str(err.value) == (
+            f"config error: model.attention.global_every={bad.attention.global_every}: no layer "
+            f"would be global: must be <= the deepest stack's {depths}; global_every: 0 makes "
+            "every layer local")
+
+
+def test_blocklab_train_refuses_global_every_past_the_layers_before_writing(tmp_path, capfd):
+    r = run_cli(capfd, "blocklab-train", "experiment=smoke", f"out_root={tmp_path / 'out'}",
+                "model.n_layers=2", "model.attention.window=3", "model.attention.global_every=3",
+                cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "config error: model.attention.global_every=3: no layer would be global: must be <= the "
+        "deepest stack's 2 layers (model.n_layers=2); global_every: 0 makes every layer local"]
+    assert list(tmp_path.iterdir()) == []
