@@ -149,3 +149,85 @@ def test_blocklab_train_refuses_global_every_past_the_layers_before_writing(tmp_
         "config error: model.attention.global_every=3: no layer would be global: must be <= the "
         "deepest stack's 2 layers (model.n_layers=2); global_every: 0 makes every layer local"]
     assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- storage faults
+
+
+@pytest.mark.parametrize("how", ["run", "multirun"])
+def test_an_output_root_that_is_a_file_is_one_line_and_exit_6(how, tmp_path, capfd):
+    """A multirun used to end in Hydra's traceback of its sweep-directory mkdir, exit 2."""
+    (tmp_path / "afile").write_text("mine")
+    r = run_cli(capfd, "blocklab-train", *(["-m"] if how == "multirun" else []),
+                "experiment=smoke", f"out_root={tmp_path / 'afile'}", "probes=none", cwd=tmp_path)
+    assert r.returncode == 6, r.stderr[-3000:]
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("I/O error: ") and line.endswith(
+        f": {tmp_path / 'afile'} is a file, not a directory"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("flag", ["--root", "--out"])
+def test_blocklab_repro_refuses_a_root_or_out_that_is_a_file_before_training(flag, tmp_path,
+                                                                             capfd):
+    from blocklab.repro import main
+
+    (tmp_path / "afile").write_text("mine")
+    other = [] if flag == "--root" else ["--root", str(tmp_path / "repro")]
+    with pytest.raises(SystemExit) as e:
+        main(["mqar", "--size", "quick", *other, flag, str(tmp_path / "afile" / "sub")])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert e.value.code == 6 and err == [
+        f"I/O error: {flag} {tmp_path / 'afile' / 'sub'}: {tmp_path / 'afile'} is a file, "
+        "not a directory"]
+    assert not list((tmp_path / "repro").glob("runs/*"))  # nothing trained
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> Path:
+    """A two-step smoke run with one checkpoint (no probes), trained in process."""
+    from blocklab.config import compose
+    from blocklab.train.run import train
+
+    out = tmp_path_factory.mktemp("run")
+    return train(compose("train", ["experiment=smoke", f"out_root={out}", "trainer.max_steps=2",
+                                   "trainer.ckpt_every_steps=2", "trainer.val_every_steps=2",
+                                   "probes=none"]))
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file()}
+
+
+def test_disk_full_while_probe_results_are_written_is_one_line_and_exit_6(
+        smoke_run, tmp_path, capfd, monkeypatch):
+    """ENOSPC once the first CSV is in: one line, exit 6, no temporary folder left, and the
+    report an earlier evaluation wrote there byte for byte as it was (before: a traceback,
+    exit 1, and the half-written temporary folder left beside the report)."""
+    import errno
+
+    from blocklab.eval import report
+
+    out = tmp_path / "eval"
+    args = [f"ckpt={smoke_run}", "probes=coarse", f"out={out}"]
+    assert run_cli(capfd, "blocklab-eval", *args).returncode == 0
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    before = _tree(folder)
+    real = report._csv
+
+    def fills_up(path: Path, rows: list) -> None:
+        if path.name == "examples.csv":
+            path.write_text("probe,varia")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, rows)
+
+    monkeypatch.setattr(report, "_csv", fills_up)
+    r = run_cli(capfd, "blocklab-eval", *args)
+    assert r.returncode == 6, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"probe results {folder}: no space left on device; nothing of this report was kept (an "
+        "earlier report there is intact)"]
+    assert sorted(p.name for p in out.iterdir()) == [folder.name, "val.json"]
+    assert _tree(folder) == before

@@ -27,6 +27,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from blocklab.errors import StorageError
 from blocklab.files import write_text_atomic
 
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
@@ -109,7 +110,17 @@ def run_job(fn, cfg: DictConfig, known: tuple[type[BaseException], ...]) -> floa
 
 
 class SweepSummary(Callback):
-    """Hydra callback: after a multirun, print and write the comparison of its jobs."""
+    """Hydra callback: before a multirun, check that its sweep directory can be written; after
+    it, print and write the comparison of its jobs."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from blocklab.runlock import writable_dir
+
+        try:  # else Hydra's own mkdir fails later, with a traceback (an exception here too)
+            writable_dir(str(config.hydra.sweep.dir), "sweep directory")
+        except StorageError as e:
+            print(e.args[-1], file=sys.stderr)
+            sys.exit(e.exit_code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

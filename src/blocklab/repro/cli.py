@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 
 from blocklab.repro.experiments import NAMES, SIZES, experiment
 
@@ -86,10 +85,12 @@ def _run(args: argparse.Namespace, exp) -> bool:
 
     load_plugins()  # user components, once, before anything is trained or written
     from blocklab.repro.runner import report, run, write
+    from blocklab.runlock import writable_dir
 
-    root = Path(args.root)  # runs are shared by every experiment: root/runs/<key>
-    out = Path(args.out) if args.out else root / args.name / (
-        args.size + (f"-break-{args.broken}" if args.broken else ""))
+    # both checked before anything trains; runs are shared by every experiment: root/runs/<key>
+    root = writable_dir(args.root, "--root")
+    out = writable_dir(args.out or root / args.name / (
+        args.size + (f"-break-{args.broken}" if args.broken else "")), "--out")
     outcome = run(exp, size=args.size, seeds=args.seeds, root=root, broken=args.broken,
                   log=lambda s: print(s, file=sys.stderr))
     write(exp, outcome, out)
