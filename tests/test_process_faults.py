@@ -231,3 +231,26 @@ def test_disk_full_while_probe_results_are_written_is_one_line_and_exit_6(
         "earlier report there is intact)"]
     assert sorted(p.name for p in out.iterdir()) == [folder.name, "val.json"]
     assert _tree(folder) == before
+
+
+# ---------------------------------------------------------------------------- sweep faults
+
+
+def test_a_fault_can_name_the_one_sweep_job_it_applies_to(monkeypatch):
+    """``#job=N``: the fault fires only in the process running multirun job N (named by
+    blocklab.sweep while the job runs), so a sweep test can kill one job and watch the rest."""
+    import signal
+
+    from blocklab import faults
+    from blocklab.sweep import job_env
+
+    monkeypatch.setenv(faults.ENV, "SIGKILL@step:3#job=1,SIGTERM@save:4")
+    monkeypatch.delenv(faults.JOB_ENV, raising=False)
+    assert faults.faults() == [(signal.SIGTERM, "save", 4)]  # not in a sweep job
+    for job, expected in ((0, []), (1, [(signal.SIGKILL, "step", 3)])):
+        with job_env(job):
+            assert faults.faults() == [*expected, (signal.SIGTERM, "save", 4)]
+    assert faults.JOB_ENV not in os.environ  # restored after the job
+    monkeypatch.setenv(faults.ENV, "SIGKILL@step:3#node=1")
+    with pytest.raises(ValueError, match="#job=<N>"):
+        faults.faults()
