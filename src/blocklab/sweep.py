@@ -173,8 +173,8 @@ def job_died(hydra_context: Any, config: DictConfig, job: int, overrides: list[s
              reason: str) -> Any:
     """The launching process's record of a job whose process died before the job recorded
     its outcome: ``failed`` with ``reason`` (a clause: :func:`exit_reason`) in its
-    ``status.json`` (a job that finished and
-    died afterwards keeps its own), and the Hydra ``JobReturn`` a failed job returns (NaN)."""
+    ``status.json`` (a job that finished and died afterwards keeps its own), and the Hydra
+    ``JobReturn`` a failed job returns (NaN: Optuna marks the trial failed)."""
     from hydra.core.utils import JobReturn, JobStatus
 
     run_dir = job_dir(hydra_context, config, job, overrides)

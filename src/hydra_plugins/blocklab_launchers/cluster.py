@@ -7,9 +7,10 @@ result: killed, out of memory, a node failure) raises there, the sweep ends in a
 while later jobs are still running, and no summary is written. :meth:`launch` below is Hydra's
 (hydra-submitit-launcher 1.2, ``BaseSubmititLauncher.launch``) up to the submission; then each
 job's death is recorded (``blocklab.sweep.job_died``) and the others are waited for.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Hydra's plugin scan executes this module before
+it is in ``sys.modules``, where dataclasses cannot resolve string annotations.
+"""
 
 import logging
 from collections.abc import Sequence

@@ -8,9 +8,10 @@ schedule the jobs (``n_jobs`` at a time, as before), and each job runs through H
 ``execute_job`` in a single-worker loky executor of its own, so a death breaks only that
 job's executor. The other joblib options (``timeout``, ``batch_size``, ...) do not apply: one
 job is one task.
-"""
 
-from __future__ import annotations
+No ``from __future__ import annotations`` here: Hydra's plugin scan executes this module before
+it is in ``sys.modules``, where dataclasses cannot resolve string annotations.
+"""
 
 import logging
 import re
