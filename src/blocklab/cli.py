@@ -27,7 +27,9 @@ def _console(main) -> None:
     """Console-script wrapper: Hydra exits 1 on a composition error (unknown group option,
     typo'd key, wrong type); report those with the config-error exit code like ours."""
     from blocklab.registry import load_plugins
+    from hydra_plugins.blocklab_launchers import register as register_launchers
 
+    register_launchers()  # hydra/launcher=parallel, local, slurm (configs/hydra/launcher/)
     try:
         load_plugins()
     except ConfigError as e:

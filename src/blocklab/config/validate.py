@@ -115,14 +115,17 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
     if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
         raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
     family = registry.lookup("family", m.family.name, f"{key}.family.name")
-    _validate_window(m, key, bidirectional=getattr(family, "has_bidirectional_stack", False))
+    _validate_window(m, key, bidirectional=getattr(family, "has_bidirectional_stack", False),
+                     stacks=family.stacks(m))
     return m
 
 
-def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool) -> None:
+def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool,
+                     stacks: list[tuple[int, bool]]) -> None:
     """Local (sliding-window) attention: ``window`` keys per query (null = global), odd where the
-    family has a bidirectional stack (a centred window), ``global_every`` 0 or >= 2 and only
-    with a window."""
+    family has a bidirectional stack (a centred window), ``global_every`` 0 or >= 2, only with a
+    window, and making at least one layer global: ``global_every`` past every stack's depth
+    silently meant "all local", which is ``global_every: 0``."""
     a = m.attention
     _check(a.window is None or (isinstance(a.window, int) and a.window >= 1),
            f"{key}.attention.window", a.window,
@@ -135,6 +138,16 @@ def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool) -> None:
            a.global_every, "must be 0 (every layer local) or >= 2 (layers n, 2n, ... global)")
     _check(a.global_every == 0 or a.window is not None, f"{key}.attention.global_every",
            a.global_every, "needs model.attention.window (null: every layer is already global)")
+    deepest = max(n for n, _ in stacks)  # a shallower stack may be all local; not every one
+    _check(a.global_every <= deepest, f"{key}.attention.global_every", a.global_every,
+           f"no layer would be global: must be <= the deepest stack's {deepest} layers "
+           f"({_depths(m, key)})", "global_every: 0 makes every layer local")
+
+
+def _depths(m: ModelConfig, key: str) -> str:
+    if m.family.n_encoder_layers is None:
+        return f"{key}.n_layers={m.n_layers}"
+    return f"{key}.n_layers={m.n_layers}, {key}.family.n_encoder_layers={m.encoder_layers}"
 
 
 _ROPE_OPTIONS = ("base", "scaling", "factor", "original_max_seq_len", "yarn_beta_fast",
