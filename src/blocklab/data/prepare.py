@@ -21,7 +21,8 @@ ecosystem's readers (``datasets``/``pyarrow`` for Parquet, saved and hub dataset
   processes (every core, at most 8, by default) tokenize them with the tokenizer's
   ``encode_batch`` and write shards as they go. Progress shows MB/s and tokens/s.
 - **Atomic and safe to share:** everything is written into a temporary sibling and renamed
-  into place after the manifest; a killed preparation leaves nothing a later run would use.
+  into place after the manifest; a killed preparation leaves nothing a later run would use,
+  and the next preparation removes what it left (a temporary whose lock nobody holds).
   Processes preparing the same fingerprint at once (DDP ranks, parallel sweep jobs) take turns
   on a file lock: one prepares, the others then reuse it. Before a run uses a prepared corpus,
   the manifest is checked (sizes and sha256): a changed shard is set aside and rebuilt.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -57,6 +59,7 @@ from blocklab.data.tokenizer import (
     train_bpe,
 )
 from blocklab.errors import DataError, StorageError
+from blocklab.faults import maybe_fault
 from blocklab.files import set_aside, sha256_file, storage_error
 from blocklab.provenance import digest
 
@@ -101,6 +104,7 @@ def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared
     files = [] if data.hub_dataset else resolve_files(data)
     items = plan(data, files, processes(data))
     root = cache_root(data)
+    sweep(root)
     source_fp = sources_fingerprint(data, files)
     tok, specials, notes = tokenizer_for(data, tok_cfg, items, source_fp, root, log)
     for note in notes:
@@ -162,6 +166,7 @@ def tokenizer_for(data: DataConfig, cfg: TokenizerConfig, items: list[WorkItem],
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tmp.write_text(tok.to_str())
+        maybe_fault("publish", next(_PUBLISHED))
         tmp.replace(path)
     return tok, BLOCKLAB_SPECIALS, []
 
@@ -190,17 +195,19 @@ def dtype_for(vocab_size: int) -> np.dtype:
 def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: Specials,
            log) -> None:
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # killed while holding our lock
+        shutil.rmtree(stale, ignore_errors=True)
     dtype = dtype_for(tok.get_vocab_size())
     task = Task(tok.to_str(), data, specials, str(dtype), str(tmp))
     t0, stats, tokens = time.perf_counter(), ReadStats(), 0
     files: dict[str, dict[str, Any]] = {}
     try:
         tmp.mkdir(parents=True)
-        for result in _run(task, items, data.num_proc, log):
+        for n, result in enumerate(_run(task, items, data.num_proc, log), 1):
             stats.add(result.stats)
             tokens += result.tokens
             files.update(result.files)
+            maybe_fault("shard", n)
         if not stats.documents:
             raise DataError(f"data error: data.files: all {stats.empty_dropped} documents are "
                             f"empty or whitespace only ({_where(items)})")
@@ -221,6 +228,7 @@ def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: 
         _write(tmp / "manifest.json", json.dumps({"files": files}, indent=2).encode(), {})
         if final.exists():  # only a corrupt copy set aside can have been here: gone now
             shutil.rmtree(final)
+        maybe_fault("publish", next(_PUBLISHED))
         tmp.rename(final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -350,6 +358,28 @@ def _text_batches(docs: Iterator[str]) -> Iterator[list[str]]:
 
 # --------------------------------------------------------------------------- files and locks
 
+_PUBLISHED = itertools.count(1)  # renames into place by this process (fault point publish:N)
+
+
+def sweep(root: Path) -> None:
+    """Remove what killed preparations left under ``root``: a corpus's temporary folder
+    ``.tmp-<fingerprint>-<pid>`` or a tokenizer's ``tokenizers/.bpe-<key>.json.tmp-<pid>``
+    whose lock nobody holds. Whoever writes one holds that lock until its rename, and the
+    kernel drops the lock of a killed process, so a free lock means a dead writer; a live
+    preparer (another fingerprint, another process) keeps its lock and its temporary."""
+    if not root.is_dir():
+        return
+    found = [(p, p.name[len(".tmp-"):].rsplit("-", 1)[0]) for p in root.glob(".tmp-*-*")]
+    found += [(p, p.name[1:].split(".json.tmp-")[0])
+              for p in (root / "tokenizers").glob(".bpe-*.json.tmp-*")]
+    for path, name in found:
+        with _locked(root, name, wait=False) as free:
+            if free and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif free:
+                path.unlink(missing_ok=True)
+
+
 
 def verify(path: Path) -> str | None:
     """None when every file of a prepared corpus matches its manifest, else what is wrong."""
@@ -384,8 +414,9 @@ def _write(path: Path, data: bytes, files: dict[str, dict[str, Any]]) -> None:
 
 
 @contextlib.contextmanager
-def _locked(root: Path, name: str) -> Iterator[None]:
-    """Processes preparing the same thing take turns (the kernel lock dies with its holder)."""
+def _locked(root: Path, name: str, *, wait: bool = True) -> Iterator[bool]:
+    """Processes preparing the same thing take turns (the kernel lock dies with its holder).
+    Yields whether the lock is held (always, when ``wait``; else only if it was free)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         fd = os.open(root / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -393,8 +424,12 @@ def _locked(root: Path, name: str) -> Iterator[None]:
         raise StorageError(e.errno, f"I/O error: data cache {root}: not writable "
                            f"({e.strerror}); set data.cache_dir") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)
 
