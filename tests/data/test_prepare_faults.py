@@ -270,6 +270,30 @@ def test_a_dictionary_encoded_text_column_is_text(tmp_path) -> None:
     assert docs("text", tmp_path / "pd.parquet") == [t for t in texts if t]
 
 
+# ------------------------------------------------------------------------------ BPE training
+
+
+@pytest.mark.slow
+def test_bpe_training_on_one_enormous_word_finishes_and_says_so(tmp_path) -> None:
+    """A corpus that is one 3 MB "word" (no space): BPE training took time quadratic in the
+    word's length (0.4 MB: 59 s; 3 MB: about an hour) and said nothing. Now the long run is cut
+    into pieces for training, which a line says, and it takes seconds. (The 600 s timeout is
+    only a safety net.) Without a terminal, the lines still come."""
+    rng = random.Random(0)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "word.txt").write_text("".join(rng.choice("abcdefghij")
+                                                       for _ in range(3_000_000)))
+    r = prepare_cli("data=text_files", f"data.files=[{tmp_path / 'src'}]", "tokenizer=bpe",
+                    "tokenizer.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}",
+                    "data.num_proc=1", env={})
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = r.stderr.splitlines()
+    assert any("3.0 MB of it in runs of over 512 characters without a space, cut into pieces"
+               in s for s in said), said
+    assert any(s.startswith("tokenizer: trained a BPE of 300 tokens in ") for s in said), said
+    assert "1 documents" in r.stdout
+
+
 # ------------------------------------------------------------- what the last audit passed
 
 

@@ -165,7 +165,7 @@ def tokenizer_for(data: DataConfig, cfg: TokenizerConfig, items: list[WorkItem],
         sample = _sample(items, data, cfg.sample_bytes)
         log(f"tokenizer: training a byte-level BPE (vocab {cfg.vocab_size}) on a sample of at "
             f"most {cfg.sample_bytes / 1e6:.0f} MB of the sources ...")
-        tok = train_bpe(cfg, sample, progress=sys.stderr.isatty())
+        tok = train_bpe(cfg, sample, progress=sys.stderr.isatty(), log=log)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tmp.write_text(tok.to_str())
