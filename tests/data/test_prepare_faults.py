@@ -294,6 +294,35 @@ def test_bpe_training_on_one_enormous_word_finishes_and_says_so(tmp_path) -> Non
     assert "1 documents" in r.stdout
 
 
+def test_bpe_training_without_a_terminal_is_never_silent_for_long(monkeypatch) -> None:
+    """Every HEARTBEAT_S seconds a line says what the trainer is doing. (Deterministic: the
+    sample's reader waits until the heartbeat has spoken; the 300 s wait is a safety net.)"""
+    import threading
+
+    import blocklab.data.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "HEARTBEAT_S", 0.01)
+    said: list[str] = []
+    spoke = threading.Event()
+
+    def log(line: str) -> None:
+        said.append(line)
+        if "reading the sample" in line:
+            spoke.set()
+
+    def documents():
+        yield "the king and the queen " * 50
+        assert spoke.wait(300), said
+        yield "the sword and the crown " * 50
+
+    tok = tokenizer.train_bpe(TokenizerConfig(name=TokenizerName.bpe, vocab_size=300),
+                              documents(), log=log)
+    assert tok.get_vocab_size() <= 300
+    assert any(s.startswith("tokenizer: reading the sample (0.0 MB so far) ... ") for s in said)
+    assert said[-1].startswith("tokenizer: trained a BPE of ")
+    assert any(s.startswith("tokenizer: sample read (0.0 MB); computing merges") for s in said)
+
+
 # ------------------------------------------------------------- what the last audit passed
 
 
