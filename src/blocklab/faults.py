@@ -4,7 +4,12 @@ handlers a real signal reaches:
 
 - ``step:N``: as optimizer step N starts (N steps done; e.g. ``SIGTERM@step:23``);
 - ``save:N``: right after checkpoint ``step-N`` is written, before anything else runs
-  (``SIGKILL@save:15`` leaves a complete checkpoint 15 and nothing after it).
+  (``SIGKILL@save:15`` leaves a complete checkpoint 15 and nothing after it);
+- ``shard:N``: in a corpus preparation (data/prepare.py), right after its N-th shard is written
+  into the temporary folder (``SIGKILL@shard:1``: a preparation killed half-way);
+- ``publish:N``: just before the N-th finished preparation of the process is renamed into
+  place — a trained BPE tokenizer first, if there is one, then the corpus
+  (``SIGKILL@publish:1`` with the byte tokenizer: killed just before the corpus's rename).
 
 An item may end in ``#job=N``: it then fires only in the process running job N of a multirun
 (Hydra's job number; :mod:`blocklab.sweep` names it in ``$BLOCKLAB_SWEEP_JOB`` while the job
