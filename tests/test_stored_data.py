@@ -390,6 +390,16 @@ def test_a_text_run_is_not_evaluated_on_files_only_its_checkpoint_names(text, tm
     r = run_cli(capfd, "blocklab-eval", f"ckpt={crafted}", "probes=none", "run_data=false",
                 f"out={tmp_path / 'out'}")
     assert r.returncode == 0 and "validation loss skipped (run_data=false)" in r.stdout
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={crafted}", "probes=none", "run_data=true",
+                f"out={tmp_path / 'out'}")  # asked for: the source is gone, in one line
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "data error: run_data=true: the run's sources changed since checkpoint "
+        f"{ckpt.list_checkpoints(crafted)[-1]} was saved (data.files: "
+        f"{tmp_path / 'chosen-by-the-checkpoint'}: no such file or directory); its loss on "
+        "them would not be the run's — restore the sources as they were to evaluate on the "
+        "run's data"]
+    assert not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("stored_path", ["another tokenizer", "../../../../etc/passwd"])

@@ -387,12 +387,13 @@ def metadata(path: str | Path) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Loaded:
     """A checkpoint read once — resolved, verified, unpickled with ``weights_only=True`` — and
-    its stored config checked as data: what a reader passes down instead of reading again."""
+    its stored config checked as data: what a reader passes down instead of reading again.
+    Only the model's weights are kept of the training state (no optimizer)."""
 
     path: Path
-    state: dict[str, Any]
     meta: dict[str, Any]
     config: TrainConfig
+    weights: dict[str, torch.Tensor]  # the model's parameter names (no "model." prefix)
 
     @property
     def name(self) -> str:
@@ -420,9 +421,13 @@ def _read_one(path: Path, map_location: Any) -> Loaded:
             raise CheckpointError(f"checkpoint {path}: no blocklab metadata")
         config = stored_config(meta.get("config"), f"checkpoint {path}")
         check_copies(f"checkpoint {path}", meta, texts)
+        weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items()
+                   if k.startswith("model.")}
+    except (KeyError, AttributeError, TypeError):
+        raise Refused(f"checkpoint {path}: {STATE} holds no model weights") from None
     except CheckpointError as e:
         raise Refused(str(e)) from None
-    return Loaded(path, state, meta, config)
+    return Loaded(path, meta, config, weights)
 
 
 def model_of(loaded: Loaded) -> tuple[Any, Any]:
@@ -431,10 +436,8 @@ def model_of(loaded: Loaded) -> tuple[Any, Any]:
     from blocklab.model import build_model
 
     model = build_model(loaded.config.model)
-    weights = {k.removeprefix("model."): v for k, v in loaded.state["state_dict"].items()
-               if k.startswith("model.")}
     try:
-        model.load_state_dict(weights)
+        model.load_state_dict(loaded.weights)
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint {loaded.path}: the weights do not fit its model "
                               f"config ({str(e).splitlines()[0]})") from None

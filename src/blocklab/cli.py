@@ -162,7 +162,8 @@ def _eval(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
 def evaluate(cfg: DictConfig) -> None:
     """Evaluate a checkpoint on its own: ``blocklab-eval ckpt=<run dir or checkpoint>
-    probes=full`` (validation loss + probes), or a Hugging Face causal LM:
+    probes=full`` (validation loss + probes; a text run's loss on its own sources with
+    ``run_data=true``), or a Hugging Face causal LM:
     ``blocklab-eval hf_model=<dir> hf_gguf=<file> probes=text``."""
     _run(_eval, cfg)
 

@@ -4,7 +4,11 @@ handlers a real signal reaches:
 
 - ``step:N``: as optimizer step N starts (N steps done; e.g. ``SIGTERM@step:23``);
 - ``save:N``: right after checkpoint ``step-N`` is written, before anything else runs
-  (``SIGKILL@save:15`` leaves a complete checkpoint 15 and nothing after it).
+  (``SIGKILL@save:15`` leaves a complete checkpoint 15 and nothing after it);
+- ``aside:N``: while ``step-N`` is re-saved, between its two renames (the old copy moved aside
+  to ``.old-step-N-<pid>``, the new one not yet in place);
+- ``read:N``: a reader of a run directory (``blocklab-eval``, ``resume=``) has chosen checkpoint
+  ``step-N`` and not yet opened it.
 
 A test that sent a signal from outside after watching for a file would race the training loop
 on a loaded machine; these fire at the same point every time.
@@ -29,7 +33,7 @@ def faults() -> list[tuple[signal.Signals, str, int]]:
             point, step = where.split(":")
             out.append((signal.Signals[name], point, int(step)))
         except (ValueError, KeyError):
-            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save>:<N>, e.g. "
+            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save|aside|read>:<N>, e.g. "
                              "SIGKILL@save:15") from None
     return out
 

@@ -92,6 +92,7 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
         if spec.enabled:
             validate_run_probe_spec(spec, loaded.config)
         model, _ = ckpt.model_of(loaded)
+        loaded = dataclasses.replace(loaded, weights={})  # the model holds them now
         if loaded.meta.get("imported"):  # a pretrained model: no training data to validate on
             result = {"checkpoint": str(loaded.path), "step": loaded.meta["step"],
                       "val_loss": None, "val_targets": 0, "arch_hash": loaded.meta["arch_hash"],

@@ -39,7 +39,10 @@ def run_streams(loaded: Any, run_data: str, dest: Path, log=print) -> tuple[Any,
     if run_data != "true":
         return None, (f"validation loss skipped: the run trained on text ({named}) that only "
                       "the checkpoint names; to read and evaluate on it pass run_data=true")
-    now = listing(tc.data)
+    try:
+        now = listing(tc.data)
+    except DataError as e:  # a source that is no longer there (or not readable)
+        raise _changed(loaded, str(e).removeprefix("data error: ")) from None
     log(f"run data: evaluating on the run's recorded sources: {named} "
         f"({len(now)} files, prepared under {dest / CACHE})")
     changed = sources_changed(loaded.meta.get("data_sources"), now)

@@ -54,13 +54,11 @@ def read_source(target: str) -> InitSource:
                           {**pre.source, "format": pre.source["kind"], "kind": "hf"}, pre.notes)
     loaded = ckpt.read(target)  # verified; its stored config checked as data
     meta = loaded.meta
-    weights = {k.removeprefix("model."): v for k, v in loaded.state["state_dict"].items()
-               if k.startswith("model.")}
     info = {"kind": "blocklab", "checkpoint": str(loaded.path), "step": meta.get("step"),
             "arch_hash": meta.get("arch_hash"), "config_hash": meta.get("config_hash")}
     if meta.get("imported"):
         info["imported"] = meta["imported"]
-    return InitSource(model_to_dict(loaded.config.model), weights, meta["tokenizer"],
+    return InitSource(model_to_dict(loaded.config.model), loaded.weights, meta["tokenizer"],
                       meta.get("specials") or {}, info)
 
 
