@@ -421,13 +421,13 @@ def _read_one(path: Path, map_location: Any) -> Loaded:
             raise CheckpointError(f"checkpoint {path}: no blocklab metadata")
         config = stored_config(meta.get("config"), f"checkpoint {path}")
         check_copies(f"checkpoint {path}", meta, texts)
-        weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items()
-                   if k.startswith("model.")}
-    except (KeyError, AttributeError, TypeError):
-        raise Refused(f"checkpoint {path}: {STATE} holds no model weights") from None
+        weights = state.get("state_dict")
+        if not isinstance(weights, dict):
+            raise CheckpointError(f"checkpoint {path}: {STATE} holds no model weights")
     except CheckpointError as e:
         raise Refused(str(e)) from None
-    return Loaded(path, meta, config, weights)
+    return Loaded(path, meta, config, {k.removeprefix("model."): v for k, v in weights.items()
+                                       if str(k).startswith("model.")})
 
 
 def model_of(loaded: Loaded) -> tuple[Any, Any]:
