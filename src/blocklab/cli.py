@@ -151,10 +151,9 @@ def _eval(cfg: DictConfig) -> None:
         print(f"probe results   {r.out_dir}")
         return
     r, p = ev.evaluate_checkpoint(ec.ckpt, spec, val_batches=ec.val_batches,
-                                  batch_size=ec.batch_size, out=ec.out)
+                                  batch_size=ec.batch_size, out=ec.out, run_data=ec.run_data)
     if r["val_loss"] is None:
-        print(f"checkpoint {r['checkpoint']}: imported (no training data: validation loss "
-              "skipped)")
+        print(f"checkpoint {r['checkpoint']}: {r['skipped']}")
     else:
         print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
               f"over {r['val_targets']} targets")
@@ -165,7 +164,8 @@ def _eval(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
 def evaluate(cfg: DictConfig) -> None:
     """Evaluate a checkpoint on its own: ``blocklab-eval ckpt=<run dir or checkpoint>
-    probes=full`` (validation loss + probes), or a Hugging Face causal LM:
+    probes=full`` (validation loss + probes; a text run's loss on its own sources with
+    ``run_data=true``), or a Hugging Face causal LM:
     ``blocklab-eval hf_model=<dir> hf_gguf=<file> probes=text``."""
     _run(_eval, cfg)
 

@@ -10,6 +10,10 @@ handlers a real signal reaches:
 - ``publish:N``: just before the N-th finished preparation of the process is renamed into
   place — a trained BPE tokenizer first, if there is one, then the corpus
   (``SIGKILL@publish:1`` with the byte tokenizer: killed just before the corpus's rename).
+- ``aside:N``: while ``step-N`` is re-saved, between its two renames (the old copy moved aside
+  to ``.old-step-N-<pid>``, the new one not yet in place);
+- ``read:N``: a reader of a run directory (``blocklab-eval``, ``resume=``) has chosen checkpoint
+  ``step-N`` and not yet opened it.
 
 An item may end in ``#job=N``: it then fires only in the process running job N of a multirun
 (Hydra's job number; :mod:`blocklab.sweep` names it in ``$BLOCKLAB_SWEEP_JOB`` while the job
@@ -40,7 +44,7 @@ def faults() -> list[tuple[signal.Signals, str, int]]:
             point, step = where.split(":")
             out.append((signal.Signals[name], point, int(step)))
         except (ValueError, KeyError):
-            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save>:<N>, e.g. "
+            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save|shard|publish|aside|read>:<N>, e.g. "
                              "SIGKILL@save:15") from None
     return out
 

@@ -547,6 +547,9 @@ class EvalConfig:
     hf_model: str | None = None  # a Hugging Face causal LM directory instead of a checkpoint
     hf_gguf: str | None = None  # a GGUF file inside hf_model (dequantized on load)
     out: str | None = None  # output folder (default: next to the checkpoint)
+    # the validation loss on the run's own data: auto = when that needs no file (synthetic
+    # data), skipped for a text run; true = read the run's recorded text sources; false = none
+    run_data: str = "auto"
 
 
 @dataclass

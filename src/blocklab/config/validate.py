@@ -420,6 +420,10 @@ def validate_run_probe_spec(spec: ProbeSpec, tc: TrainConfig, key: str = "probes
     return validate_probe_spec(spec, key, synthetic=synthetic, data=data)
 
 
+#: blocklab-eval's run_data: which data the validation loss is computed on (eval/rundata.py).
+RUN_DATA = ("auto", "true", "false")
+
+
 def validate_eval(cfg: EvalConfig) -> EvalConfig:
     """``blocklab-eval``'s own keys and its probe spec (checked again, against the run's
     vocabulary, once the checkpoint is known: :func:`validate_probe_spec` with ``data``)."""
@@ -432,5 +436,8 @@ def validate_eval(cfg: EvalConfig) -> EvalConfig:
         value = getattr(cfg, name)
         _check(value is None or value >= 1, name, value,
                "must be null (the run's data." + name + ") or >= 1")
+    cfg.run_data = str(cfg.run_data).lower()  # true / false arrive as "True" / "False"
+    _one_of("run_data", cfg.run_data, RUN_DATA, "auto: the run's data where that opens no "
+            "file (synthetic); true: read the run's recorded text sources; false: no loss")
     validate_probe_spec(cfg.probes, "probes", synthetic=False if cfg.hf_model else None)
     return cfg
