@@ -56,8 +56,8 @@ class Parallel(Block):
     """``x ← x + Σ_f F(N(x))``: every sublayer reads one shared norm of the block input and
     their outputs are summed (GPT-J, PaLM — "PaLM", arXiv 2204.02311), then a final norm."""
 
-    def __init__(self, m: ModelConfig, layer: int, *, cross: bool) -> None:
-        super().__init__(m, layer, cross=cross)
+    def __init__(self, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> None:
+        super().__init__(m, layer, cross=cross, causal=causal)
         self.norms = nn.ModuleList(self.norms[:1])  # one norm per block, not one per sublayer
 
     def forward(self, x: Tensor, ctx: Context) -> Tensor:
@@ -65,7 +65,7 @@ class Parallel(Block):
         return x + self.drop(sum(f(h) for f in self.sublayers(ctx)))
 
     @classmethod
-    def param_count(cls, m: ModelConfig, *, cross: bool) -> int:
-        per_sublayer_norms = super().param_count(m, cross=cross)
+    def param_count(cls, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> int:
+        per_sublayer_norms = super().param_count(m, layer, cross=cross, causal=causal)
         norm = params_of(lookup("norm", m.norm.name), m.norm, m.d_model)
         return per_sublayer_norms - ((3 if cross else 2) - 1) * norm
