@@ -17,16 +17,14 @@ import torch
 from variants import VOCAB, tiny
 
 from blocklab.config import AttentionConfig, ConfigError, PositionConfig, validate_model
-from blocklab.model import build_model, masks
-from blocklab.model import attention
+from blocklab.model import attention, build_model, masks
 from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.estimate import estimate, table
 from blocklab.model.estimate import state_bytes as kv_cache_bytes
-from blocklab.model.mixer import Sequence
-from blocklab.model.position import ALiBi, NoPosition
-from blocklab.model.transformer import default_positions
 from blocklab.model.generate import generate
-from blocklab.model.position import alibi_slopes
+from blocklab.model.mixer import Sequence
+from blocklab.model.position import ALiBi, NoPosition, alibi_slopes
+from blocklab.model.transformer import default_positions
 
 DEC, ENC, ED = "decoder", "encoder", "encoder_decoder"
 SCHEMES = ["none", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
@@ -183,7 +181,7 @@ def test_banded_local_attention_equals_the_dense_mask_and_the_brute_force(
         dense = attn(x, dataclasses.replace(seq, _memo={}), None)
         for block in sorted({max(reach, 1), reach + 3, 9}):
             monkeypatch.setattr(attention, "MIN_BLOCK", block)
-            assert attn.block == max(reach, block) and 29 > 2 * attn.block  # the banded path
+            assert attn.block == max(reach, block) and 2 * attn.block < 29  # the banded path
             banded = attn(x, dataclasses.replace(seq, _memo={}), None)
             torch.testing.assert_close(banded[valid], dense[valid], atol=1e-5, rtol=0)
         want = _reference(attn, x, valid, segments, positions, window, causal, alibi)
