@@ -230,6 +230,9 @@ class MixerConfig:
     # hybrid stacks: one mixer name per layer, repeated over the layers ([] = `name` on every
     # layer), e.g. [linear, linear, linear, softmax] = every 4th layer softmax
     pattern: list[str] = field(default_factory=list)
+    # the mixers of a bidirectional (encoder) stack, repeated over its layers ([] = as above):
+    # e.g. an encoder–decoder with softmax in the encoder and ssm in the decoder
+    encoder: list[str] = field(default_factory=list)
     # linear attention ("Transformers are RNNs", arXiv 2006.16236; "Based", arXiv 2402.18668):
     # feature map elu (elu(x) + 1, d_head features) | taylor (2nd-order Taylor of exp over a
     # feature_dim projection: 1 + d + d^2 features)
@@ -288,11 +291,18 @@ class ModelConfig:
     def kv_heads(self) -> int:
         return resolve_kv_heads(self)
 
-    def layer_mixer(self, layer: int) -> str:
-        """The mixer name of 0-based ``layer`` (``mixer.pattern`` repeated, else
-        ``mixer.name``)."""
-        pattern = self.mixer.pattern
+    def layer_mixer(self, layer: int, causal: bool = True) -> str:
+        """The mixer name of 0-based ``layer`` of a causal or bidirectional stack
+        (``mixer.encoder`` repeated in a bidirectional stack when set, else ``mixer.pattern``
+        repeated, else ``mixer.name``)."""
+        pattern = self.mixer.pattern if causal or not self.mixer.encoder else self.mixer.encoder
         return pattern[layer % len(pattern)] if pattern else self.mixer.name
+
+    def mixer_key(self, causal: bool = True) -> str:
+        """The config key that chose the mixers of a causal / bidirectional stack."""
+        if not causal and self.mixer.encoder:
+            return "model.mixer.encoder"
+        return "model.mixer.pattern" if self.mixer.pattern else "model.mixer.name"
 
     @property
     def encoder_layers(self) -> int:

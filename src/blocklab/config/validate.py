@@ -116,21 +116,25 @@ def _validate_mixers(m: ModelConfig, key: str, family: Any) -> None:
     used by some layer."""
     from blocklab import registry
 
-    pattern = list(m.mixer.pattern)
-    for name in pattern:
-        registry.lookup("mixer", name, f"{key}.mixer.pattern")
-    where = f"{key}.mixer.pattern" if pattern else f"{key}.mixer.name"
+    for field_name in ("pattern", "encoder"):
+        for name in getattr(m.mixer, field_name):
+            registry.lookup("mixer", name, f"{key}.mixer.{field_name}")
     used = []
     for n_layers, _, causal in family.stacks(m):
+        where = key + m.mixer_key(causal).removeprefix("model")
+        chosen = {"name": m.mixer.name, "pattern": list(m.mixer.pattern),
+                  "encoder": list(m.mixer.encoder)}[where.rsplit(".", 1)[1]]
         for i in range(n_layers):
-            name = m.layer_mixer(i)
+            name = m.layer_mixer(i, causal)
             mixer = registry.lookup("mixer", name, where)
-            _check(causal or mixer.bidirectional, where, pattern or name,
-                   f"mixer {name!r} has no bidirectional form, and family {m.family.name!r} has "
-                   "a bidirectional stack", "use a causal family, or softmax / linear / "
-                   "gated_conv there")
+            _check(causal or mixer.bidirectional, where, chosen,
+                   f"mixer {name!r} has no bidirectional form, and family {m.family.name!r} "
+                   "has a bidirectional stack", "choose its mixers with model.mixer.encoder "
+                   "(e.g. [softmax]), or use a causal family")
             mixer.check(m, i, causal=causal, key=f"{key}.mixer")
             used.append(mixer)
+    where = f"{key}.mixer.pattern" if m.mixer.pattern else f"{key}.mixer.name"
+    pattern = list(m.mixer.pattern)
     position = registry.lookup("position", m.position.name)
     has_bias = position.score_bias is not _base_position(position).score_bias
     has_rotary = position.rotary is not _base_position(position).rotary

@@ -59,7 +59,7 @@ class Block(nn.Module):
     def __init__(self, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> None:
         super().__init__()
         self.layer = layer
-        self.attn = mixer_class(m, layer)(m, layer, causal=causal)  # the sequence mixer
+        self.attn = mixer_class(m, layer, causal)(m, layer, causal=causal)  # the sequence mixer
         self.cross = CrossAttention(m.attention, **attention_dims(m)) if cross else None
         self.ffn = lookup("ffn", m.ffn.name)(m.ffn, m.d_model, m.d_ff)
         make_norm = lookup("norm", m.norm.name)
@@ -73,7 +73,7 @@ class Block(nn.Module):
     @classmethod
     def param_count(cls, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> int:
         """Parameters of block ``layer``, from its components' own counts."""
-        mixer = mixer_class(m, layer)
+        mixer = mixer_class(m, layer, causal)
         attention = mixer.param_count(m, layer, causal=causal)
         if cross:
             attention += params_of(CrossAttention, m.attention, **attention_dims(m))

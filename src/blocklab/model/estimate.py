@@ -103,10 +103,11 @@ def layer_costs(m: ModelConfig, *, batch: int, seq_len: int,
     out = []
     for s, (n, _, causal) in enumerate(lookup("family", m.family.name).stacks(m)):
         for i in range(n):
-            mixer = mixer_class(m, i)
+            mixer = mixer_class(m, i, causal)
             state = mixer.state_bytes(m, i, batch=batch, seq_len=seq_len,
                                       bytes_per_value=bytes_per_value) if causal else 0
-            out.append(LayerCost(s, i, m.layer_mixer(i), mixer.param_count(m, i, causal=causal),
+            out.append(LayerCost(s, i, m.layer_mixer(i, causal),
+                                 mixer.param_count(m, i, causal=causal),
                                  mixer.flops_per_token(m, i, seq_len=seq_len, causal=causal),
                                  state, mixer.score_keys(m, i, seq_len=seq_len)))
     return out

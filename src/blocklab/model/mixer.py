@@ -195,13 +195,8 @@ class Mixer(nn.Module):
         """The mixer's own config rules for layer ``layer`` (raise a one-line ConfigError)."""
 
 
-def mixer_class(m: ModelConfig, layer: int) -> type[Mixer]:
-    """The mixer component of 0-based ``layer``."""
+def mixer_class(m: ModelConfig, layer: int, causal: bool = True) -> type[Mixer]:
+    """The mixer component of 0-based ``layer`` of a causal or bidirectional stack."""
     from blocklab.registry import lookup
 
-    return lookup("mixer", m.layer_mixer(layer),
-                  "model.mixer.pattern" if m.mixer.pattern else "model.mixer.name")
-
-
-def stack_mixers(m: ModelConfig, n_layers: int) -> list[type[Mixer]]:
-    return [mixer_class(m, i) for i in range(n_layers)]
+    return lookup("mixer", m.layer_mixer(layer, causal), m.mixer_key(causal))
