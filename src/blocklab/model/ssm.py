@@ -92,9 +92,10 @@ def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
                        None if starts is None else starts.view(b, nc, size))
     h = torch.zeros(b, e, n, dtype=u.dtype, device=u.device) if h0 is None else h0.float()
     entering = []
-    for c in range(nc):  # sequential across chunks
-        entering.append(h)
-        h = into[:, c, -1] * h + local[:, c, -1]  # (B, E, N)
+    # unbind, not t[:, c]: one backward for all slices (each select's would fill a full grad)
+    for keep, add in zip(into[:, :, -1].unbind(1), local[:, :, -1].unbind(1), strict=True):
+        entering.append(h)  # sequential across chunks
+        h = keep * h + add  # (B, E, N)
     states = local + into * torch.stack(entering, 1)[:, :, None]  # (B, nc, L, E, N)
     y = torch.einsum("bclen,bcln->bcle", states, C.view(b, nc, size, n))
     return y.reshape(b, nc * size, e)[:, :t], h
@@ -104,8 +105,8 @@ def _local_states(decay: Tensor, x: Tensor) -> Tensor:
     """The recurrence inside every chunk at once, each from a zero state: (B, nc, L, E, N)."""
     h = torch.zeros_like(x[:, :, 0])  # (B, nc, E, N)
     out = []
-    for i in range(x.shape[2]):
-        h = decay[:, :, i] * h + x[:, :, i]
+    for keep, add in zip(decay.unbind(2), x.unbind(2), strict=True):
+        h = keep * h + add
         out.append(h)
     return torch.stack(out, 2)
 
