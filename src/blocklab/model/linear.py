@@ -35,6 +35,8 @@ normaliser ``z`` rides along with ``S``), n chunks of L tokens, K taps, d d_mode
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -49,25 +51,57 @@ from blocklab.model.mixer import Mixer, Sequence, State
 #: Added to the normaliser ``φ(q)ᵀ z``: a query that sees no key (padding) reads 0, not NaN.
 EPS = 1e-6
 
-FEATURE_MAPS = ("elu", "taylor")
 
 
 # ------------------------------------------------------------------------------ feature maps
 
 def elu_features(x: Tensor) -> Tensor:
-    """``elu(x) + 1`` (positive, so every normaliser is > 0): (..., E) -> (..., E). Written
-    out (``x + 1`` above 0, ``exp(x)`` below; the clamp keeps the unused branch finite):
-    AOTAutograd's backward of ``F.elu`` on a permuted view fails to ``view`` its gradient
-    (torch 2.13)."""
-    return torch.where(x > 0, x + 1, torch.exp(x.clamp(max=0)))
+    """``elu(x) + 1`` (positive, so every normaliser is > 0): (..., E) -> (..., E).
+    Pointwise, so the mixer applies it to the fused projection's query/key slice before the
+    heads are split (one pass; AOTAutograd's backward of ``F.elu`` on a permuted view fails
+    to ``view`` its gradient, torch 2.13)."""
+    return F.elu(x) + 1
+
+
+def dot_kernel(q: Tensor, k: Tensor) -> Tensor:
+    """``q_i·k_j`` of features: (..., Tq, F), (..., Tk, F) -> (..., Tq, Tk)."""
+    return q @ k.transpose(-1, -2)
 
 
 def taylor_features(x: Tensor) -> Tensor:
     """``[1, x / E^¼, vec(x ⊗ x) / (√2 · √E)]``: (..., E) -> (..., 1 + E + E²), so that
     ``φ(q)·φ(k) = 1 + s + s²/2``, ``s = q·k / √E`` (Based's TaylorExp; always >= 1/2)."""
     e = x.shape[-1]
-    square = (x[..., :, None] * x[..., None, :]).flatten(-2) / math.sqrt(2 * e)  # (..., E²)
-    return torch.cat((torch.ones_like(x[..., :1]), x / e ** 0.25, square), -1)
+    half = x * (2 * e) ** -0.25  # its outer product is (x ⊗ x) / √(2E): one scaling pass
+    square = (half[..., :, None] * half[..., None, :]).flatten(-2)  # (..., E²)
+    return torch.cat((torch.ones_like(x[..., :1]), x * e ** -0.25, square), -1)
+
+
+def taylor_kernel(q: Tensor, k: Tensor) -> Tensor:
+    """``1 + s + s²/2``, ``s = q·k / √E`` — what the features' dot product equals, from the
+    ``E``-wide projections instead of the ``1 + E + E²`` features (the dense part within a
+    chunk: Based's parallel form): (..., Tq, E), (..., Tk, E) -> (..., Tq, Tk)."""
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return 1 + s + s * s / 2
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+@dataclass(frozen=True)
+class FeatureMap:
+    """``φ`` in two parts — ``pointwise`` on the projections (before the heads are split),
+    ``features`` per head (what the state sums) — and ``kernel``, ``φ(q)·φ(k)`` from what
+    ``pointwise`` gives (the pairs within a chunk)."""
+
+    pointwise: Callable[[Tensor], Tensor]
+    features: Callable[[Tensor], Tensor]
+    kernel: Callable[[Tensor, Tensor], Tensor]
+
+
+FEATURE_MAPS = {"elu": FeatureMap(elu_features, _identity, dot_kernel),
+                "taylor": FeatureMap(_identity, taylor_features, taylor_kernel)}
 
 
 def feature_width(feature_map: str, width: int) -> int:
@@ -82,11 +116,13 @@ def _chunks(x: Tensor, chunk: int) -> Tensor:
     return x.reshape(*x.shape[:-2], x.shape[-2] // chunk, chunk, x.shape[-1])
 
 
-def carry_scan(u: Tensor, continues: Tensor) -> Tensor:
+def carry_scan(u: Tensor, continues: Tensor | None) -> Tensor:
     """The states leaving each chunk, ``P_n = c_n · P_{n-1} + U_n`` (``c_n`` = 0 where a
-    document starts in chunk n): u (B, Hkv, n, F, V1), continues (B, n) bool -> (B, Hkv, n, F,
-    V1). A Hillis–Steele scan over chunks: ``log2 n`` steps, no subtraction (exact
-    restarts), and fixed Python control flow (compile-clean)."""
+    document starts in chunk n; None: always 1, a cumulative sum): u (B, Hkv, n, F, V1),
+    continues (B, n) bool -> (B, Hkv, n, F, V1). A Hillis–Steele scan over chunks: ``log2
+    n`` steps, no subtraction (exact restarts), fixed Python control flow (compile-clean)."""
+    if continues is None:
+        return u.cumsum(2)
     c = continues.to(u.dtype)[:, None, :, None, None]  # (B, 1, n, 1, 1)
     n, step = u.shape[2], 1
     while step < n:
@@ -96,37 +132,47 @@ def carry_scan(u: Tensor, continues: Tensor) -> Tensor:
     return u
 
 
-def chunked_attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor, real: Tensor, chunk: int,
-                      *, strict: bool = False,
+def _masked(x: Tensor, mask: Tensor | None) -> Tensor:
+    return x if mask is None else x * mask
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor | None,
+                      real: Tensor | None, chunk: int, phi: FeatureMap, *, strict: bool = False,
                       initial: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Unnormalised causal linear attention in chunks of ``chunk`` tokens.
 
-    q (B, Hkv, g, T, F) and k (B, Hkv, T, F) features, v (B, Hkv, T, V1), docs (B, T) document
-    indices, real (B, T) bool, initial (B, Hkv, F, V1) the state before these tokens. Returns
-    the outputs ``Σ_j A_ij φ(q_i)·φ(k_j) v_j`` (B, Hkv, g, T, V1) and the state after the last
-    token (B, Hkv, F, V1); ``A`` is :func:`~blocklab.model.masks.chunk_visibility`'s."""
-    t = q.shape[3]
+    q (B, Hkv, g, T, E) and k (B, Hkv, T, E) projections after ``phi.pointwise`` (fp32), v
+    (B, Hkv, T, V1), docs (B, T) document indices (None: one per row), real (B, T) bool (None:
+    no padding), initial (B, Hkv, F, V1) the state before these tokens. Returns ``Σ_j A_ij
+    φ(q_i)·φ(k_j) v_j`` (B, Hkv, g, T, V1) and the state after the last token (B, Hkv, F,
+    V1); ``A`` is :func:`~blocklab.model.masks.chunk_visibility`'s: pairs within a chunk by
+    the kernel, earlier chunks through the features' state."""
+    b, t = q.shape[0], q.shape[3]
     chunk = min(chunk, t)
     pad = -t % chunk
     if pad:  # whole chunks: padding keys are invalid, and keep the last token's document
         q, k, v = F.pad(q, (0, 0, 0, pad)), F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
-        docs = torch.cat((docs, docs[:, -1:].expand(-1, pad)), 1)
+        docs = None if docs is None else torch.cat((docs, docs[:, -1:].expand(-1, pad)), 1)
+        real = torch.ones(b, t, dtype=torch.bool, device=q.device) if real is None else real
         real = F.pad(real, (0, pad), value=False)
-    vis = masks.chunk_visibility(docs, real, chunk, strict=strict)
+    vis = masks.chunk_visibility(docs, real, chunk, strict=strict, device=q.device)
     qc, kc, vc = _chunks(q, chunk), _chunks(k, chunk), _chunks(v, chunk)  # (..., n, L, ·)
-    scores = torch.einsum("bhgncf,bhnmf->bhgncm", qc, kc)  # (B, Hkv, g, n, L, L)
-    scores = scores * vis.within[:, None, None]
-    out = torch.einsum("bhgncm,bhnmv->bhgncv", scores, vc)  # (B, Hkv, g, n, L, V1)
-    kept = kc * vis.kept[:, None, :, :, None]
-    u = torch.einsum("bhnmf,bhnmv->bhnfv", kept, vc)  # (B, Hkv, n, F, V1)
+    scores = phi.kernel(qc, kc[:, :, None]) * vis.within[:, None, None]  # (B, Hkv, g, n, L, L)
+    out = scores @ vc[:, :, None]  # (B, Hkv, g, n, L, V1)
+    fq, fk = phi.features(qc), phi.features(kc)  # (B, Hkv, g, n, L, F), (B, Hkv, n, L, F)
+    kept = None if vis.kept is None else vis.kept[:, None, :, :, None]
+    u = fk.transpose(-1, -2) @ _masked(vc, kept)  # (B, Hkv, n, F, V1)
+    continues = vis.continues
     if initial is not None:  # the decode state enters chunk 0
-        first = vis.continues[:, None, :1, None, None].to(u.dtype) * initial[:, :, None]
+        first = initial[:, :, None]
+        if continues is not None:
+            first = continues[:, None, :1, None, None].to(u.dtype) * first
         u = torch.cat((u[:, :, :1] + first, u[:, :, 1:]), 2)
-    after = carry_scan(u, vis.continues)  # (B, Hkv, n, F, V1)
+    after = carry_scan(u, continues)  # (B, Hkv, n, F, V1)
     start = torch.zeros_like(after[:, :, :1]) if initial is None else initial[:, :, None]
     entering = torch.cat((start, after[:, :, :-1]), 2)  # (B, Hkv, n, F, V1)
-    carried = qc * vis.carried[:, None, None, :, :, None]
-    out = out + torch.einsum("bhgncf,bhnfv->bhgncv", carried, entering)
+    carried = None if vis.carried is None else vis.carried[:, None, None, :, :, None]
+    out = out + _masked(fq @ entering[:, :, None], carried)  # (B, Hkv, g, n, L, V1)
     out = out.flatten(3, 4)[:, :, :, :t]  # (B, Hkv, g, T, V1)
     return out, after[:, :, -1]
 
@@ -205,7 +251,7 @@ class LinearAttention(Mixer):
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
         o = m.mixer
-        self.phi = elu_features if o.feature_map == "elu" else taylor_features
+        self.phi = FEATURE_MAPS[o.feature_map]
         self.chunk, self.taps, self.d_model = o.chunk, o.short_conv, m.d_model
         self.n_heads, self.n_kv_heads, self.d_value = m.n_heads, m.kv_heads, m.head_dim
         self.d_key = key_width(m)
@@ -225,43 +271,44 @@ class LinearAttention(Mixer):
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         b, t, _ = x.shape
-        real, starts = seq.real(), seq.starts()
-        docs = torch.zeros_like(seq.positions) if starts is None else starts.long().cumsum(-1)
+        real, starts = seq.valid, seq.starts()
+        real = None if real is None else real.bool()
+        docs = None if starts is None else starts.long().cumsum(-1)  # (B, T) document index
         if state is not None:
             assert isinstance(state, LinearState) and self.causal
             check_no_grad(x)
         if self.conv is not None:
-            x, tail = causal_conv(x, self.conv.weight[:, 0], self.conv.bias, valid=seq.valid,
-                                  docs=None if starts is None else docs,
-                                  tail=getattr(state, "tail", None))
+            x, tail = causal_conv(x, self.conv.weight[:, 0], self.conv.bias, valid=real,
+                                  docs=docs, tail=getattr(state, "tail", None))
             if state is not None:
                 state.tail.copy_(tail)
-        q, k, v = self._project(x)  # (B, Hkv, g, T, F), (B, Hkv, T, F), (B, Hkv, T, V1)
-        k = torch.where(real[:, None, :, None], k, 0)  # padding never enters a sum
+        q, k, v = self._project(x)  # (B, Hkv, g, T, E), (B, Hkv, T, E), (B, Hkv, T, V1)
         if self.causal:
-            o, after = chunked_attention(q, k, v, docs, real, self.chunk,
+            o, after = chunked_attention(q, k, v, docs, real, self.chunk, self.phi,
                                          initial=None if state is None else state.joined())
             if state is not None:
                 state.write(after)
         else:
-            o, _ = chunked_attention(q, k, v, docs, real, self.chunk)
-            back, _ = chunked_attention(q.flip(3), k.flip(2), v.flip(2), docs.flip(1),
-                                        real.flip(1), self.chunk, strict=True)
+            o, _ = chunked_attention(q, k, v, docs, real, self.chunk, self.phi)
+            back, _ = chunked_attention(q.flip(3), k.flip(2), v.flip(2), _flip(docs),
+                                        _flip(real), self.chunk, self.phi, strict=True)
             o = o + back.flip(3)  # (B, Hkv, g, T, V1)
         y = o[..., :-1] / (o[..., -1:] + EPS)  # (B, Hkv, g, T, V)
         y = y.permute(0, 3, 1, 2, 4).reshape(b, t, -1)  # (B, T, H·V)
         return self.out(y.to(x.dtype))
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries and keys as features (fp32, head-major), values with a ones column."""
+        """Queries and keys after ``phi.pointwise``, values with a ones column (fp32,
+        head-major)."""
         b, t, _ = x.shape
         h, hkv, e = self.n_heads, self.n_kv_heads, self.d_key
-        q, k, v = self.qkv(x).split((h * e, hkv * e, hkv * self.d_value), -1)
-        q = q.float().reshape(b, t, hkv, h // hkv, e).permute(0, 2, 3, 1, 4)  # (B, Hkv, g, T, E)
-        k = k.float().reshape(b, t, hkv, e).transpose(1, 2)  # (B, Hkv, T, E)
+        qk, v = self.qkv(x).split(((h + hkv) * e, hkv * self.d_value), -1)
+        q, k = self.phi.pointwise(qk.float()).split((h * e, hkv * e), -1)
+        q = q.reshape(b, t, hkv, h // hkv, e).permute(0, 2, 3, 1, 4)  # (B, Hkv, g, T, E)
+        k = k.reshape(b, t, hkv, e).transpose(1, 2)  # (B, Hkv, T, E)
         v = v.float().reshape(b, t, hkv, self.d_value).transpose(1, 2)  # (B, Hkv, T, V)
         v = torch.cat((v, torch.ones_like(v[..., :1])), -1)  # (B, Hkv, T, V1)
-        return self.phi(q), self.phi(k), v  # features: (B, Hkv, g, T, F), (B, Hkv, T, F)
+        return q, k, v
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
@@ -314,6 +361,10 @@ class LinearAttention(Mixer):
                 "must be an integer >= 0 (convolution taps; 0 = none)")
         require(_count(o.chunk, 1), f"{key}.chunk", o.chunk,
                 "must be an integer >= 1 (tokens per chunk of the chunked form)")
+
+
+def _flip(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.flip(1)
 
 
 def _count(x: object, least: int) -> bool:

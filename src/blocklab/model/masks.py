@@ -164,35 +164,42 @@ def document_starts(segments: Tensor, valid: Tensor | None = None) -> Tensor:
 @dataclass(frozen=True)
 class ChunkVisibility:
     """The causal, padding and document rules for a chunked recurrent mixer (linear
-    attention's chunked form), over blocks of ``L`` tokens: ``n`` chunks."""
+    attention's chunked form), over blocks of ``L`` tokens: ``n`` chunks. ``carried`` and
+    ``kept`` are None when every token is real and one document fills the row (all True)."""
 
-    within: Tensor  # (B, n, L, L) bool: query i sees key j of its own chunk
-    carried: Tensor  # (B, n, L) bool: token i's document is the one entering its chunk
-    kept: Tensor  # (B, n, L) bool: key j is in the state leaving its chunk
+    within: Tensor  # (B|1, n|1, L, L) bool: query i sees key j of its own chunk
+    carried: Tensor | None  # (B, n, L) bool: token i's document is the one entering its chunk
+    kept: Tensor | None  # (B, n, L) bool: key j is in the state leaving its chunk
 
     @property
-    def continues(self) -> Tensor:
+    def continues(self) -> Tensor | None:
         """(B, n) bool: the state entering chunk n carries on through it (no document ends
         in it)."""
-        return self.carried[:, :, -1]
+        return None if self.carried is None else self.carried[:, :, -1]
 
 
-def chunk_visibility(docs: Tensor, valid: Tensor, chunk: int, *,
-                     strict: bool = False) -> ChunkVisibility:
+def chunk_visibility(docs: Tensor | None, valid: Tensor | None, chunk: int, *,
+                     strict: bool = False,
+                     device: torch.device | None = None) -> ChunkVisibility:
     """The rules of :func:`self_visibility` for ``docs`` (B, n·L) document indices (monotone
-    along the row: documents are contiguous runs, padding takes a neighbour's) and ``valid``
-    (B, n·L) real tokens, in chunks of ``L = chunk``: within a chunk, query i sees key j iff
-    ``j <= i`` (``j < i`` with ``strict``: the second, reversed half of a bidirectional pass),
-    the same document and a real key. Across chunks, query i sees every visible earlier key
-    iff its document is the one the state entering its chunk holds — that of the previous
-    chunk's last token (the first token's, for chunk 0: a decode state's); and a key enters
-    the state leaving its chunk iff it is real and of the chunk's last token's document."""
-    b, t = docs.shape
-    d = docs.reshape(b, t // chunk, chunk)  # (B, n, L)
-    ones = torch.ones(chunk, chunk, dtype=torch.bool, device=docs.device)
-    order = torch.tril(ones, diagonal=-1 if strict else 0)  # (L, L)
-    real = valid.reshape(b, t // chunk, chunk)
-    within = order & (d[..., :, None] == d[..., None, :]) & real[..., None, :]
+    along the row: documents are contiguous runs, padding takes a neighbour's; None = one
+    per row) and ``valid`` (B, n·L) real tokens (None = all), in chunks of ``L = chunk``:
+    within a chunk, query i sees key j iff ``j <= i`` (``j < i`` with ``strict``: the
+    second, reversed half of a bidirectional pass), the same document and a real key. Across
+    chunks, query i sees every visible earlier key iff its document is the one the state
+    entering its chunk holds — that of the previous chunk's last token (the first token's,
+    for chunk 0: a decode state's); and a key enters the state leaving its chunk iff it is
+    real and of the chunk's last token's document."""
+    order = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+    if docs is None and valid is None:
+        return ChunkVisibility(within=order[None, None], carried=None, kept=None)
+    if docs is None:
+        docs = torch.zeros_like(valid, dtype=torch.long)
+    b, n = docs.shape[0], docs.shape[1] // chunk
+    d = docs.reshape(b, n, chunk)  # (B, n, L)
+    real = (torch.ones_like(d, dtype=torch.bool) if valid is None
+            else valid.reshape(b, n, chunk))
+    within = order & (d[..., :, None] == d[..., None, :]) & real[..., None, :]  # (B, n, L, L)
     last = d[..., -1]  # (B, n)
     entering = torch.cat((d[:, :1, 0], last[:, :-1]), 1)  # (B, n) the state's document
     return ChunkVisibility(within=within, carried=d == entering[..., None],
