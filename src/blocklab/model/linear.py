@@ -52,7 +52,6 @@ from blocklab.model.mixer import Mixer, Sequence, State
 EPS = 1e-6
 
 
-
 # ------------------------------------------------------------------------------ feature maps
 
 def elu_features(x: Tensor) -> Tensor:
@@ -332,7 +331,8 @@ class LinearAttention(Mixer):
         """The recurrent form, constant in ``T``: ``2 · params`` (projections, convolution)
         + ``(H + Hkv) · F`` (feature maps) + ``2 · Hkv · F · (V + 1)`` (state update) + ``2 ·
         H · F · (V + 1) + H · V`` (readout and normalisation). Training's chunked form adds
-        ``O(L · (F + V))`` per token and head for the dense part within a chunk."""
+        ``O(L · (E + V))`` per token and head for the dense part within a chunk (the
+        kernel of the pairs)."""
         h, hkv, v = m.n_heads, m.kv_heads, m.head_dim
         f = feature_width(m.mixer.feature_map, key_width(m))
         return (2.0 * cls.param_count(m, layer, causal=causal) + (h + hkv) * f
