@@ -26,7 +26,9 @@ Two builders apply these rules: a dense one over all ``Tq × Tk`` pairs
 applies the *same* predicates to the keys of a query's neighbouring blocks only, so a window
 costs time and memory proportional to ``T · window`` instead of ``T²``. Recurrent mixers
 (linear attention, state spaces, convolutions) need no mask at all, only the facts the rules
-are made of: :func:`document_starts` (a packed document begins: the state restarts).
+are made of: :func:`document_starts` (a packed document begins: the state restarts). A chunked
+recurrent mixer applies the same rules in chunks (:func:`chunk_visibility`): densely within a
+chunk, through its running state across chunks.
 
 A query whose row is entirely invisible (a padding query) gets an all-zero attention output from
 SDPA (torch >= 2.5), never NaN; tests guard it.
@@ -157,6 +159,51 @@ def document_starts(segments: Tensor, valid: Tensor | None = None) -> Tensor:
     prev = torch.cat((torch.full_like(last_real[:, :1], -1), last_real[:, :-1]), 1)
     prev_seg = segments.gather(1, prev.clamp(min=0))
     return real & ((prev < 0) | (prev_seg != segments))
+
+
+@dataclass(frozen=True)
+class ChunkVisibility:
+    """The causal, padding and document rules for a chunked recurrent mixer (linear
+    attention's chunked form), over blocks of ``L`` tokens: ``n`` chunks. ``carried`` and
+    ``kept`` are None when every token is real and one document fills the row (all True)."""
+
+    within: Tensor  # (B|1, n|1, L, L) bool: query i sees key j of its own chunk
+    carried: Tensor | None  # (B, n, L) bool: token i's document is the one entering its chunk
+    kept: Tensor | None  # (B, n, L) bool: key j is in the state leaving its chunk
+
+    @property
+    def continues(self) -> Tensor | None:
+        """(B, n) bool: the state entering chunk n carries on through it (no document ends
+        in it)."""
+        return None if self.carried is None else self.carried[:, :, -1]
+
+
+def chunk_visibility(docs: Tensor | None, valid: Tensor | None, chunk: int, *,
+                     strict: bool = False,
+                     device: torch.device | None = None) -> ChunkVisibility:
+    """The rules of :func:`self_visibility` for ``docs`` (B, n·L) document indices (monotone
+    along the row: documents are contiguous runs, padding takes a neighbour's; None = one
+    per row) and ``valid`` (B, n·L) real tokens (None = all), in chunks of ``L = chunk``:
+    within a chunk, query i sees key j iff ``j <= i`` (``j < i`` with ``strict``: the
+    second, reversed half of a bidirectional pass), the same document and a real key. Across
+    chunks, query i sees every visible earlier key iff its document is the one the state
+    entering its chunk holds — that of the previous chunk's last token (the first token's,
+    for chunk 0: a decode state's); and a key enters the state leaving its chunk iff it is
+    real and of the chunk's last token's document."""
+    order = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+    if docs is None and valid is None:
+        return ChunkVisibility(within=order[None, None], carried=None, kept=None)
+    if docs is None:
+        docs = torch.zeros_like(valid, dtype=torch.long)
+    b, n = docs.shape[0], docs.shape[1] // chunk
+    d = docs.reshape(b, n, chunk)  # (B, n, L)
+    real = (torch.ones_like(d, dtype=torch.bool) if valid is None
+            else valid.reshape(b, n, chunk))
+    within = order & (d[..., :, None] == d[..., None, :]) & real[..., None, :]  # (B, n, L, L)
+    last = d[..., -1]  # (B, n)
+    entering = torch.cat((d[:, :1, 0], last[:, :-1]), 1)  # (B, n) the state's document
+    return ChunkVisibility(within=within, carried=d == entering[..., None],
+                           kept=real & (d == last[..., None]))
 
 
 def band_reach(window: int, *, causal: bool) -> int:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.conv import GatedConv
+from blocklab.model.linear import LinearAttention
 from blocklab.model.mixer import Mixer
 from blocklab.model.ssm import SelectiveSSM
 
 MIXERS: dict[str, type[Mixer]] = {
     "softmax": SoftmaxAttention,
+    "linear": LinearAttention,
     "gated_conv": GatedConv,
     "ssm": SelectiveSSM,
 }
