@@ -25,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
@@ -204,10 +205,150 @@ def bench_decode(args) -> dict:
     return results
 
 
+# ------------------------------------------------------------------------------ 3. plain
+# Each plain implementation computes the same mixer from the blocklab module's own parameters,
+# for rows without padding or packed documents (what a paper's reference code handles), so
+# the two can be checked equal before they are timed.
+
+
+def plain_linear(mod, x: torch.Tensor) -> torch.Tensor:
+    """Causal linear attention in chunks (the naive chunk form of flash-linear-attention):
+    dense within a chunk, a running state across chunks, one Python loop over chunks."""
+    phi = mod.phi
+    if mod.conv is not None:  # causal depthwise conv (tap K-1 is the current token)
+        k = mod.conv.weight.shape[-1]
+        x = torch.nn.functional.conv1d(x.transpose(1, 2), mod.conv.weight, mod.conv.bias,
+                                       padding=k - 1, groups=x.shape[-1])[..., :-(k - 1)]
+        x = x.transpose(1, 2)
+    b, t, _ = x.shape
+    h, hkv, e, dv = mod.n_heads, mod.n_kv_heads, mod.d_key, mod.d_value
+    qk, v = mod.qkv(x).split(((h + hkv) * e, hkv * dv), -1)
+    q, k = phi.pointwise(qk.float()).split((h * e, hkv * e), -1)
+    q = phi.features(q.view(b, t, h, e).transpose(1, 2))  # (B, H, T, F)
+    k = phi.features(k.view(b, t, hkv, e).transpose(1, 2)).repeat_interleave(h // hkv, 1)
+    v = v.float().view(b, t, hkv, dv).transpose(1, 2).repeat_interleave(h // hkv, 1)
+    v = torch.cat((v, torch.ones_like(v[..., :1])), -1)  # (B, H, T, V+1): z rides along
+    size = mod.chunk
+    causal = torch.ones(size, size, dtype=torch.bool).tril()
+    state = torch.zeros(b, h, q.shape[-1], v.shape[-1])
+    outs = []
+    for s in range(0, t, size):
+        qc, kc, vc = q[:, :, s:s + size], k[:, :, s:s + size], v[:, :, s:s + size]
+        n = qc.shape[2]
+        scores = (qc @ kc.transpose(-1, -2)) * causal[:n, :n]
+        outs.append(scores @ vc + qc @ state)
+        state = state + kc.transpose(-1, -2) @ vc
+    o = torch.cat(outs, 2)
+    y = o[..., :-1] / (o[..., -1:] + 1e-6)
+    return mod.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+def plain_gated_conv(mod, x: torch.Tensor) -> torch.Tensor:
+    """y = W_o(g * long(short(u))): the short taps as a causal depthwise conv1d, the long
+    filter by one zero-padded FFT."""
+    u, g = mod.proj(x).chunk(2, dim=-1)
+    _, t, d = u.shape
+    k = mod.short.shape[1]  # tap i reads x_{t-i}: conv1d's taps reversed
+    w = torch.nn.functional.conv1d(u.transpose(1, 2), mod.short.flip(1)[:, None],
+                                   mod.short_bias, padding=k - 1, groups=d)[..., :t]
+    w = w.transpose(1, 2).float()
+    if mod.long is not None:
+        n = 2 * t
+        kern = torch.nn.functional.pad(mod.long[:, :t].t().float(), (0, 0, 0, n - t))
+        w = torch.fft.irfft(torch.fft.rfft(w, n=n, dim=1) * torch.fft.rfft(kern, n=n, dim=0),
+                            n=n, dim=1)[:, :t]
+    return mod.out(g * w.to(g.dtype))
+
+
+def plain_ssm(mod, x: torch.Tensor, sequential: bool = False) -> torch.Tensor:
+    """Mamba's mixer as mamba-minimal / HF's torch path write it: conv1d, selection, then the
+    scan — ``sequential``: one step per token; else blocklab's chunked scan without the
+    padding and document machinery."""
+    import torch.nn.functional as F
+
+    from blocklab.model.ssm import selective_scan
+
+    u, z = mod.in_proj(x).chunk(2, dim=-1)
+    t = u.shape[1]
+    k = mod.d_conv
+    u = F.silu(F.conv1d(u.transpose(1, 2), mod.conv.weight, mod.conv.bias, padding=k - 1,
+                        groups=u.shape[-1])[..., :t].transpose(1, 2))
+    dt, B, C = mod.selection(u)
+    A = -torch.exp(mod.A_log.float())
+    if sequential:
+        h = torch.zeros(u.shape[0], u.shape[-1], A.shape[1])
+        ys = []
+        for i in range(t):
+            h = torch.exp(dt[:, i, :, None] * A) * h + (dt[:, i] * u[:, i])[..., None] * \
+                B[:, i, None, :]
+            ys.append((h * C[:, i, None, :]).sum(-1))
+        y = torch.stack(ys, 1)
+    else:
+        y, _ = selective_scan(u.float(), dt, A, B.float(), C.float(), chunk=mod.chunk)
+    return mod.out((y + u * mod.D) * F.silu(z))
+
+
+PLAIN = {  # label -> (mixer, options, plain implementation)
+    "linear (elu)": ("linear", {"feature_map": "elu"}, plain_linear),
+    "linear (taylor, feature_dim 16, short_conv 3)":
+        ("linear", {"feature_map": "taylor", "feature_dim": 16, "short_conv": 3}, plain_linear),
+    "gated_conv (short 3 + long)": ("gated_conv", {"short_conv": 3, "long_conv": True},
+                                    plain_gated_conv),
+    "ssm vs the same scan without masks": ("ssm", {}, plain_ssm),
+    "ssm vs a sequential scan": ("ssm", {}, lambda m, x: plain_ssm(m, x, sequential=True)),
+}
+
+
+def _step(fn, mod, x: torch.Tensor) -> None:
+    fn(mod, x).square().mean().backward()
+
+
+def run_mixer(mod, x: torch.Tensor) -> torch.Tensor:
+    """blocklab's mixer on rows without padding or packing, as a stack would call it."""
+    from blocklab.model.mixer import Sequence
+    from blocklab.model.position import NoPosition
+
+    b, t = x.shape[:2]
+    pos = NoPosition(None, d_model=x.shape[-1], d_head=1, n_heads=1, max_seq_len=t,
+                     causal=True)
+    seq = Sequence(positions=torch.arange(t).expand(b, t), valid=None, segments=None,
+                   causal=True, position=pos)
+    return mod(x, seq, None)
+
+
+def bench_plain(args) -> dict:
+    from blocklab.registry import lookup, names
+
+    t, b = (128, 2) if args.quick else (1024, 4)
+    results = {}
+    print(f"\n3. mixer training step (forward + backward), B={b}, T={t}, d_model 128, 4 heads: "
+          "blocklab vs a plain PyTorch implementation of the same mixer")
+    for label, (name, options, plain) in PLAIN.items():
+        if name not in names("mixer"):
+            print(f"   {label:<46} (not registered)")
+            continue
+        cfg = model_config(name, max_seq_len=t, **options)
+        torch.manual_seed(0)
+        mod = lookup("mixer", name)(cfg, 0, causal=True)
+        x = torch.randn(b, t, cfg.d_model, requires_grad=True)
+        with torch.no_grad():  # the same computation, checked on a prefix
+            short = x[:, :min(t, 64)]
+            torch.testing.assert_close(plain(mod, short), run_mixer(mod, short),
+                                       atol=1e-4, rtol=1e-4)
+        times = timed_rounds({"blocklab": functools.partial(_step, run_mixer, mod, x),
+                              "plain": functools.partial(_step, plain, mod, x)},
+                             args.reps, cpu_time=args.cpu_time)
+        ratios = [p / o for o, p in zip(times["blocklab"], times["plain"])]
+        results[label] = {"times": times, "speed_ratio": ratios}
+        print(f"   {label:<46} blocklab {statistics.median(times['blocklab']):6.3f} s, plain "
+              f"{statistics.median(times['plain']):6.3f} s: speed ratio {spread(ratios)}")
+    return results
+
+
 # ------------------------------------------------------------------------------ main
 
 
-SECTIONS = {"local": bench_local, "decode": bench_decode}
+SECTIONS = {"local": bench_local, "decode": bench_decode, "plain": bench_plain}
 
 
 def main(argv: list[str] | None = None) -> None:
