@@ -104,5 +104,8 @@ def test_the_wheel_lists_every_package():
     pyproject = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = {"blocklab." + ".".join(p.parent.relative_to(SRC).parts) if p.parent != SRC
              else "blocklab" for p in SRC.rglob("__init__.py")}
-    assert set(pyproject["packages"]) == found | {"blocklab.configs"}
+    launchers = {".".join(p.parent.relative_to(SRC.parent).parts)  # Hydra plugins (namespace)
+                 for p in (SRC.parent / "hydra_plugins").rglob("__init__.py")}
+    assert launchers == {"hydra_plugins.blocklab_launchers"}
+    assert set(pyproject["packages"]) == found | launchers | {"blocklab.configs"}
     assert pyproject["package-dir"]["blocklab.configs"] == "configs"

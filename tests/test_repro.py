@@ -226,3 +226,35 @@ def test_quick_protocols_pass_and_their_breaks_fail(tmp_path, group) -> None:
 def test_the_quick_groups_cover_every_experiment_once() -> None:
     names = [name for group in QUICK_GROUPS for name in group]
     assert sorted(names) == sorted(ex.NAMES)
+
+
+@pytest.mark.slow
+def test_a_preempted_repro_exits_7_with_the_command_that_resumes_it(tmp_path) -> None:
+    """SIGTERM while an arm trains: exit 7 and one line naming this same blocklab-repro command
+    (not a traceback and exit 1); running that command resumes the arm from its checkpoint."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = tmp_path / "repro"
+    args = ["mqar", "--size", "quick", "--root", str(root)]
+
+    def repro(fault: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).parent / "blocklab-repro"), *args],
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                              env={**os.environ, "BLOCKLAB_FAULT": fault})
+
+    r = repro("SIGTERM@step:1")
+    assert r.returncode == 7, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("preempted (SIGTERM) after step ")
+    how = "; resume exactly with: "
+    assert last.endswith(how + "blocklab-repro " + shlex.join(args)), last
+    ckpt = Path(last.split("checkpoint ")[1].split(" written")[0])
+    assert ckpt.is_dir() and ckpt.parent.parent.parent == root / "runs"
+    again = repro("SIGTERM@step:4")  # the printed command, stopped again a little later
+    assert again.returncode == 7, again.stderr[-3000:]
+    assert f"-> {ckpt.parent.parent} (resuming)" in again.stderr

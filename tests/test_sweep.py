@@ -1,13 +1,17 @@
 """Sweeps run on Hydra's machinery, as users launch them (CLI subprocesses): a failing job
 records its error and the others finish; the summary lists it and writes the comparison;
 parallel local jobs (joblib), submitit's local executor (the SLURM code path), the Optuna
-sweeper, and multirun + DDP, where each job's child process reruns only that job."""
+sweeper, and multirun + DDP, where each job's child process reruns only that job; a job killed
+by a signal fails alone under the parallel and the submitit launchers."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,7 @@ from train.test_train_cli import cli
 
 pytestmark = pytest.mark.slow
 
+BIN = Path(sys.executable).parent
 SMOKE = ["experiment=smoke", "probes=none", "trainer.progress_bar=false"]
 
 
@@ -81,3 +86,48 @@ def test_multirun_with_ddp_runs_each_job_once(tmp_path):
         assert cfg["model"]["position"]["name"] == position and cfg["trainer"]["devices"] == 2
         assert len(list((d / f"{job}/logs").iterdir())) == 1  # one launch, one log version
         assert (d / f"{job}/checkpoints/step-000020").is_dir()
+
+
+KILLED = "its process was killed by SIGKILL (signal 9) before the job finished; SIGKILL is " \
+         "what the OOM killer sends; resume it with: blocklab-train resume="
+SHORT = ["trainer.max_steps=4", "trainer.ckpt_every_steps=2", "trainer.val_every_steps=2"]
+
+
+def fault_cli(fault: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "blocklab-train"), *args], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "BLOCKLAB_FAULT": fault})
+
+
+def test_a_killed_job_fails_alone_under_the_parallel_launcher(tmp_path):
+    """Job 1 SIGKILLed as its step 2 starts (as the OOM killer does it): Hydra's joblib launcher
+    lost the job beside it too (loky kills every worker of a broken executor), never started
+    job 2, wrote no summary and exited 2 with a traceback. Now job 1 alone is failed, recorded
+    by the launching process with the signal, and the summary lists it."""
+    r = fault_cli("SIGKILL@step:2#job=1", "-m", "hydra/launcher=parallel", *SMOKE, *SHORT,
+                  f"out_root={tmp_path}", "model/position=rope,alibi,learned")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = sweep_dir(tmp_path)
+    st = statuses(d)
+    assert {k: v["status"] for k, v in st.items()} == {0: "ok", 1: "failed", 2: "ok"}
+    assert st[1]["error"] == KILLED + str(d / "1")
+    assert st[1]["job"] == 1 and "model/position=alibi" in st[1]["overrides"]
+    assert "3 jobs, 1 failed" in r.stderr and "job 1 (" in r.stderr
+    for job in (0, 2):
+        assert (d / f"{job}/checkpoints/step-000004").is_dir()
+    assert (d / "1/checkpoints/step-000002").is_dir()  # what the hint resumes from
+    assert len(list(csv.DictReader((d / "compare.csv").open()))) == 3
+
+
+def test_a_killed_job_fails_alone_under_submitits_local_launcher(tmp_path):
+    """The same under submitit (the SLURM code path): Hydra's launcher raised at the first job
+    without a result, while the other job still ran, and wrote no summary."""
+    r = fault_cli("SIGKILL@step:2#job=0", "-m", "hydra/launcher=local", *SMOKE, *SHORT,
+                  f"out_root={tmp_path}", "model/norm=layernorm,rmsnorm")
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = sweep_dir(tmp_path)
+    st = statuses(d)
+    assert {k: v["status"] for k, v in st.items()} == {0: "failed", 1: "ok"}
+    assert st[0]["error"].startswith("its process ended without a result (submitit job ")
+    assert st[0]["error"].endswith(f"; resume it with: blocklab-train resume={d / '0'}")
+    assert "2 jobs, 1 failed" in r.stderr and (d / "compare.csv").is_file()
+    assert (d / "1/checkpoints/step-000004").is_dir()

@@ -201,6 +201,7 @@ EVAL_CASES = [
     (["val_batches=-1"], "val_batches", "-1", ">= 1"),
     (["batch_size=0"], "batch_size", "0", ">= 1"),
     (["hf_gguf=model.gguf"], "hf_gguf", "'model.gguf'", "only with hf_model"),
+    (["run_data=maybe"], "run_data", "'maybe'", "one of auto, true, false"),
 ]
 
 

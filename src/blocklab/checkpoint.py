@@ -19,6 +19,13 @@ fails verification never fails or silently drops the new state: the corrupt dire
 renamed ``<name>.corrupt-<k>``, and reported. Loads verify the manifest before any
 byte is deserialized, and use ``torch.load(weights_only=True)``: a checkpoint that needs an
 unsafe global is refused, never loaded with ``weights_only=False``.
+
+A checkpoint may come from someone else, so what it holds is data, never instructions:
+:func:`read` resolves, verifies and loads it once (what was verified is what is unpickled, even
+if a running training replaces or prunes the directory meanwhile) and checks its stored config
+with :func:`stored_config` — no interpolation is resolved, nothing is instantiated, and the
+readable copies (``config.yaml``, ``meta.json``, ``tokenizer.json``) must say what ``state.pt``
+says.
 """
 
 from __future__ import annotations
@@ -31,25 +38,35 @@ import re
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from blocklab.errors import StorageError  # noqa: F401  (re-exported: checkpoint.StorageError)
-from blocklab.files import set_aside, sha256_file, storage_error
+from blocklab.config import TrainConfig
+from blocklab.config.stored import check_copies, readable_meta, stored_config
+from blocklab.errors import (
+    CheckpointError,
+    StorageError,  # noqa: F401  (re-exported: checkpoint.StorageError)
+)
+from blocklab.faults import maybe_fault
+from blocklab.files import set_aside, storage_error
 
 FORMAT_VERSION = 1
 STATE, META, CONFIG, TOKENIZER, MANIFEST = (
     "state.pt", "meta.json", "config.yaml", "tokenizer.json", "manifest.json")
 PREFIX = "step-"
 NAME = re.compile(r"step-(\d+)")  # a checkpoint directory's whole name
+OLD = re.compile(r"\.old-(step-\d+)-\d+")  # a re-saved step's previous copy, moved aside
+T = TypeVar("T")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, corrupt, unsafe or incompatible (exit code 4)."""
-
-    exit_code = 4
+class Refused(CheckpointError):
+    """A complete, verified checkpoint whose content is refused — an unsafe pickle, a stored
+    config holding instructions, readable copies that disagree with the state: an error to
+    report, never a reason to fall back to an older checkpoint."""
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -67,6 +84,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fault(point: str, path: Path) -> None:
+    match = NAME.fullmatch(path.name)
+    if match:
+        maybe_fault(point, int(match.group(1)))
+
+
 def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
     """Atomically write ``checkpoint`` (a Lightning checkpoint dict) as a checkpoint directory."""
     path = Path(path)
@@ -75,8 +98,7 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
     torch.save(checkpoint, buf)
     files = {STATE: buf.getvalue()}
     if meta:
-        readable = {k: v for k, v in meta.items() if k not in ("rng", "rng_ranks", "tokenizer")}
-        files[META] = json.dumps(readable, indent=2, sort_keys=True).encode()
+        files[META] = json.dumps(readable_meta(meta), indent=2, sort_keys=True).encode()
         files[CONFIG] = meta.get("config_yaml", "").encode()
         files[TOKENIZER] = meta.get("tokenizer", "").encode()
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
@@ -97,6 +119,7 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
         if path.exists():  # re-saving a step: move the old one aside, never delete it first
             old = path.parent / f".old-{path.name}-{os.getpid()}"
             path.rename(old)
+            _fault("aside", path)  # tests: between the two renames of a re-save
             tmp.rename(path)
             shutil.rmtree(old, ignore_errors=True)
         else:
@@ -106,11 +129,7 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise storage_error(e, f"checkpoint {path}", f"the checkpoint needs {needed:,} bytes "
                             "free; previous checkpoints are intact") from None
-    from blocklab.faults import maybe_fault
-
-    match = NAME.fullmatch(path.name)
-    if match:
-        maybe_fault("save", int(match.group(1)))  # tests: a crash right after this save
+    _fault("save", path)  # tests: a crash right after this save
     return path
 
 
@@ -143,47 +162,112 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     return doomed
 
 
-def verify(path: str | Path) -> dict[str, Any]:
-    """Check the manifest of checkpoint ``path``; return it or raise :class:`CheckpointError`."""
+def verify(path: str | Path, *, keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the manifest of checkpoint ``path``; return it or raise :class:`CheckpointError`.
+
+    With ``keep`` (a dict), what was verified is what the caller reads: the small files' bytes
+    and an open, rewound handle on ``state.pt`` (the caller closes it) are put there, so a save
+    or a prune replacing the directory afterwards changes nothing for the reader."""
     path = Path(path)
-    if not (path / MANIFEST).is_file():
-        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete or not a blocklab "
-                              "checkpoint)")
+    manifest = _manifest(path)
+    opened: dict[str, Any] = {}
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        for name, info in manifest["files"].items():
+            opened[name] = _verified(path, name, info, handle=keep is not None and name == STATE)
+    except BaseException:
+        _close(opened)
+        raise
+    if keep is not None:
+        keep.update(opened)
+    return manifest
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
         files = manifest["files"]
-    except (ValueError, KeyError) as e:
+        version = manifest.get("format_version", 0)
+        if not isinstance(version, int) or not all(
+                isinstance(i, dict) and isinstance(i.get("sha256"), str)
+                and isinstance(i.get("bytes"), int) for i in files.values()):
+            raise ValueError("malformed entries")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete or not a blocklab "
+                              "checkpoint)") from None
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read {MANIFEST} ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} unreadable ({e})") from None
     if STATE not in files:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} does not cover {STATE}")
-    version = manifest.get("format_version", 0)
+    # A file of the checkpoint, never a path elsewhere (``../../etc/passwd``) opened for it.
+    bad = next((n for n in files if n in (MANIFEST, ".", "..") or Path(n).name != n), None)
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} names {bad!r}: not a file of this "
+                              "directory (refused)")
     if version > FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path}: format version {version} is newer than this "
                               f"blocklab understands ({FORMAT_VERSION}); upgrade blocklab")
-    for name, info in files.items():
-        f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint {path}: {name} missing")
-        size = f.stat().st_size
-        if size < info["bytes"]:
-            raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of "
-                                  f"{info['bytes']:,} bytes)")
-        if size != info["bytes"] or sha256_file(f) != info["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted)")
     return manifest
+
+
+def _verified(path: Path, name: str, info: dict[str, Any], *, handle: bool) -> Any:
+    """One file checked against its manifest entry: its bytes (or, with ``handle``, the open
+    file, rewound)."""
+    try:
+        f = open(path / name, "rb")  # noqa: SIM115  (returned open with ``handle``)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise CheckpointError(f"checkpoint {path}: {name} missing") from None
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read {name} ({e.strerror})") from None
+    handed = False
+    try:
+        size, want = os.fstat(f.fileno()).st_size, info["bytes"]
+        if size < want:
+            raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of {want:,} "
+                                  "bytes)")
+        data = None if handle or size != want else f.read()
+        digest = (hashlib.sha256(data) if data is not None
+                  else hashlib.file_digest(f, "sha256")).hexdigest()
+        if size != want or digest != info["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted)")
+        if handle:
+            f.seek(0)
+            handed = True
+            return f
+        return data
+    finally:
+        if not handed:
+            f.close()
+
+
+def _close(opened: dict[str, Any]) -> None:
+    for v in opened.values():
+        if hasattr(v, "close"):
+            v.close()
 
 
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     """Verify, then load the checkpoint dict with ``weights_only=True``."""
     path = Path(path)
-    verify(path)
+    kept: dict[str, Any] = {}
+    verify(path, keep=kept)
+    return _unpickle(path, kept, map_location)
+
+
+def _unpickle(path: Path, kept: dict[str, Any], map_location: Any) -> dict[str, Any]:
+    """``state.pt`` from the handle verification left open (exactly the verified bytes)."""
+    f = kept.pop(STATE)
     try:
-        return torch.load(path / STATE, map_location=map_location, weights_only=True)
+        return torch.load(f, map_location=map_location, weights_only=True)
     except Exception as e:  # unpickling errors come in many types
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         why = next((ln for ln in lines if "GLOBAL" in ln), type(e).__name__)
         raise CheckpointError(f"checkpoint {path}: refused to load {STATE} with "
                               f"weights_only=True (it needs an unsafe global): {why}") from None
+    finally:
+        f.close()
+        _close(kept)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -197,17 +281,17 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def clean_partial(run_dir: str | Path) -> list[Path]:
-    """Remove temporary directories left by a save that was killed; return what was removed."""
+    """Remove temporary directories left by a save that was killed; return what was removed.
+    Only the run's owner calls it (it renames and deletes): readers use :func:`readable`."""
     ckpt_dir = Path(run_dir) / "checkpoints"
     removed = []
     if ckpt_dir.is_dir():
         # A re-save killed between its two renames leaves the old copy as `.old-<name>-<pid>`:
         # put it back before anything is deleted.
         for p in ckpt_dir.iterdir():
-            if p.name.startswith(".old-"):
-                original = ckpt_dir / p.name.removeprefix(".old-").rsplit("-", 1)[0]
-                if not original.exists():
-                    p.rename(original)
+            match = OLD.fullmatch(p.name)
+            if match and not (ckpt_dir / match.group(1)).exists():
+                p.rename(ckpt_dir / match.group(1))
         for p in ckpt_dir.iterdir():
             if p.name.startswith((".tmp-", ".old-")):
                 shutil.rmtree(p, ignore_errors=True)
@@ -215,26 +299,78 @@ def clean_partial(run_dir: str | Path) -> list[Path]:
     return removed
 
 
+def readable(run_dir: str | Path) -> list[Path]:
+    """What a reader may take, newest first: the run's checkpoints, and for a step whose
+    directory is missing, the copy a re-save moved aside (``.old-step-N-<pid>``: a save in
+    progress, or one killed between its renames), read where it is — a reader renames
+    nothing in a directory a training may own."""
+    found = {p.name: p for p in list_checkpoints(run_dir)}
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    for p in sorted(ckpt_dir.iterdir()) if ckpt_dir.is_dir() else []:
+        match = OLD.fullmatch(p.name)
+        if match and match.group(1) not in found and p.is_dir():
+            found[match.group(1)] = p
+    return [found[k] for k in sorted(found, key=lambda k: int(k.removeprefix(PREFIX)),
+                                     reverse=True)]
+
+
+def step_name(path: Path) -> str:
+    """The checkpoint name of ``path`` (``step-N`` also for its moved-aside copy)."""
+    match = OLD.fullmatch(path.name)
+    return match.group(1) if match else path.name
+
+
+def _is_checkpoint(target: Path) -> bool:
+    return (target / MANIFEST).exists() or target.name.startswith(PREFIX) or \
+        (target / STATE).exists() or OLD.fullmatch(target.name) is not None
+
+
+def run_dir_of(target: str | Path) -> Path:
+    """The run directory of a checkpoint target (a run directory is its own), unread."""
+    target = Path(target)
+    return target.parent.parent if _is_checkpoint(target) else target
+
+
+def _pick(target: str | Path, take: Callable[[Path], T]) -> T:
+    """``take`` the checkpoint ``target`` names: itself, or a run directory's newest one that
+    ``take`` accepts — falling back past corrupt ones with a warning, and choosing again when
+    the chosen one disappears meanwhile (pruned or replaced by a training still running)."""
+    target = Path(target)
+    if not target.exists():
+        moved = [p for p in readable(target.parent.parent) if p.name.startswith(".old-")
+                 and step_name(p) == target.name] if NAME.fullmatch(target.name) else []
+        if not moved:
+            raise CheckpointError(f"checkpoint {target}: no such file or directory")
+        target = moved[0]
+    if _is_checkpoint(target):
+        return take(target)
+    failed: set[Path] = set()
+    for _ in range(100):  # a bound: choices are only retried when one vanished
+        todo = [p for p in readable(target) if p not in failed]
+        if not todo:
+            break
+        _fault("read", Path(step_name(todo[0])))  # tests: a reader has chosen, not yet read
+        try:
+            return take(todo[0])
+        except Refused:
+            raise
+        except CheckpointError as e:
+            if todo[0].exists():  # still there: corrupt; otherwise gone, so choose again
+                failed.add(todo[0])
+                warnings.warn(f"{e}; falling back to the previous checkpoint", stacklevel=3)
+    if not failed:
+        raise CheckpointError(f"checkpoint {target}: no checkpoints under {target / 'checkpoints'}")
+    raise CheckpointError(f"checkpoint {target}: every checkpoint failed verification")
+
+
 def resolve(target: str | Path) -> Path:
     """A checkpoint directory, or a run directory's newest *valid* checkpoint (falling back past
     corrupt ones with a warning)."""
-    target = Path(target)
-    if not target.exists():
-        raise CheckpointError(f"checkpoint {target}: no such file or directory")
-    if (target / MANIFEST).exists() or target.name.startswith(PREFIX) or \
-            (target / STATE).exists():
-        verify(target)
-        return target
-    candidates = list_checkpoints(target)
-    if not candidates:
-        raise CheckpointError(f"checkpoint {target}: no checkpoints under {target / 'checkpoints'}")
-    for ckpt in reversed(candidates):
-        try:
-            verify(ckpt)
-            return ckpt
-        except CheckpointError as e:
-            warnings.warn(f"{e}; falling back to the previous checkpoint", stacklevel=2)
-    raise CheckpointError(f"checkpoint {target}: every checkpoint failed verification")
+    def check(path: Path) -> Path:
+        verify(path)
+        return path
+
+    return _pick(target, check)
 
 
 def metadata(path: str | Path) -> dict[str, Any]:
@@ -245,20 +381,73 @@ def metadata(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+# ------------------------------------------------------------------- reading a checkpoint once
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint read once — resolved, verified, unpickled with ``weights_only=True`` — and
+    its stored config checked as data: what a reader passes down instead of reading again.
+    Only the model's weights are kept of the training state (no optimizer)."""
+
+    path: Path
+    meta: dict[str, Any]
+    config: TrainConfig
+    weights: dict[str, torch.Tensor]  # the model's parameter names (no "model." prefix)
+
+    @property
+    def name(self) -> str:
+        return step_name(self.path)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.path.parent.parent
+
+
+def read(target: str | Path, map_location: Any = "cpu") -> Loaded:
+    """The checkpoint ``target`` names (a run directory: its newest complete one), resolved,
+    verified and loaded once."""
+    return _pick(target, lambda path: _read_one(path, map_location))
+
+
+def _read_one(path: Path, map_location: Any) -> Loaded:
+    kept: dict[str, Any] = {}
+    verify(path, keep=kept)
+    texts = {k: v.decode("utf-8", "replace") for k, v in kept.items() if k != STATE}
+    try:
+        state = _unpickle(path, kept, map_location)
+        meta = state.get("blocklab") if isinstance(state, dict) else None
+        if not meta or not isinstance(meta, dict):
+            raise CheckpointError(f"checkpoint {path}: no blocklab metadata")
+        config = stored_config(meta.get("config"), f"checkpoint {path}")
+        check_copies(f"checkpoint {path}", meta, texts)
+        weights = state.get("state_dict")
+        if not isinstance(weights, dict):
+            raise CheckpointError(f"checkpoint {path}: {STATE} holds no model weights")
+    except CheckpointError as e:
+        raise Refused(str(e)) from None
+    return Loaded(path, meta, config, {k.removeprefix("model."): v for k, v in weights.items()
+                                       if str(k).startswith("model.")})
+
+
+def model_of(loaded: Loaded) -> tuple[Any, Any]:
+    """(model in eval mode, tokenizer) of a loaded checkpoint."""
+    from blocklab.data.tokenizer import tokenizer_from_json
+    from blocklab.model import build_model
+
+    model = build_model(loaded.config.model)
+    try:
+        model.load_state_dict(loaded.weights)
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint {loaded.path}: the weights do not fit its model "
+                              f"config ({str(e).splitlines()[0]})") from None
+    return model.eval(), tokenizer_from_json(loaded.meta["tokenizer"])
+
+
 def load_model(path: str | Path, map_location: Any = "cpu"):
     """Rebuild the model and tokenizer from a checkpoint alone (run directory or checkpoint
     directory): ``model, tokenizer, meta = load_model("outputs/default/<run>")``. The stored
     config is plain data checked against the schema, never instantiated."""
-    from blocklab.data.tokenizer import tokenizer_from_json
-    from blocklab.model import build_model
-
-    path = resolve(path)
-    state = load(path, map_location=map_location)
-    meta = state.get("blocklab")
-    if not meta:
-        raise CheckpointError(f"checkpoint {path}: no blocklab metadata")
-    model = build_model(meta["config"]["model"])
-    weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items()
-               if k.startswith("model.")}
-    model.load_state_dict(weights)
-    return model.eval(), tokenizer_from_json(meta["tokenizer"]), meta
+    loaded = read(path, map_location)
+    model, tokenizer = model_of(loaded)
+    return model, tokenizer, loaded.meta

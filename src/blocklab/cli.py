@@ -27,7 +27,9 @@ def _console(main) -> None:
     """Console-script wrapper: Hydra exits 1 on a composition error (unknown group option,
     typo'd key, wrong type); report those with the config-error exit code like ours."""
     from blocklab.registry import load_plugins
+    from hydra_plugins.blocklab_launchers import register as register_launchers
 
+    register_launchers()  # hydra/launcher=parallel, local, slurm (configs/hydra/launcher/)
     try:
         load_plugins()
     except ConfigError as e:
@@ -149,10 +151,9 @@ def _eval(cfg: DictConfig) -> None:
         print(f"probe results   {r.out_dir}")
         return
     r, p = ev.evaluate_checkpoint(ec.ckpt, spec, val_batches=ec.val_batches,
-                                  batch_size=ec.batch_size, out=ec.out)
+                                  batch_size=ec.batch_size, out=ec.out, run_data=ec.run_data)
     if r["val_loss"] is None:
-        print(f"checkpoint {r['checkpoint']}: imported (no training data: validation loss "
-              "skipped)")
+        print(f"checkpoint {r['checkpoint']}: {r['skipped']}")
     else:
         print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
               f"over {r['val_targets']} targets")
@@ -163,7 +164,8 @@ def _eval(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
 def evaluate(cfg: DictConfig) -> None:
     """Evaluate a checkpoint on its own: ``blocklab-eval ckpt=<run dir or checkpoint>
-    probes=full`` (validation loss + probes), or a Hugging Face causal LM:
+    probes=full`` (validation loss + probes; a text run's loss on its own sources with
+    ``run_data=true``), or a Hugging Face causal LM:
     ``blocklab-eval hf_model=<dir> hf_gguf=<file> probes=text``."""
     _run(_eval, cfg)
 
@@ -220,7 +222,8 @@ def _import(cfg: DictConfig) -> None:
     if not ic.from_hf:
         raise ConfigError("config error: from_hf=None: required (a Hugging Face model directory "
                           "or hub id)")
-    target = import_model(ic.from_hf, ic.out, gguf=ic.gguf, ignore_fields=tuple(ic.ignore_fields))
+    target = import_model(ic.from_hf, ic.out, gguf=ic.gguf, ignore_fields=tuple(ic.ignore_fields),
+                          overwrite=ic.overwrite)
     print(f"imported checkpoint {target}\n"
           f"  evaluate:   blocklab-eval ckpt={target.parent.parent} probes=text\n"
           f"  fine-tune:  blocklab-train init_from={target.parent.parent} data=... tokenizer=file "
@@ -230,7 +233,7 @@ def _import(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="import")
 def import_hf(cfg: DictConfig) -> None:
     """Import a pretrained Hugging Face model as a blocklab checkpoint:
-    ``blocklab-import from_hf=<dir or org/name> [gguf=<file>] [out=<dir>]``."""
+    ``blocklab-import from_hf=<dir or org/name> [gguf=<file>] [out=<dir>] [overwrite=true]``."""
     _run(_import, cfg)
 
 
@@ -243,11 +246,12 @@ def _export(cfg: DictConfig) -> None:
     for key in ("ckpt", "out"):
         if not getattr(ec, key):
             raise ConfigError(f"config error: {key}=None: required")
-    export_model(ec.ckpt, ec.out, arch=ec.arch)
+    export_model(ec.ckpt, ec.out, arch=ec.arch, overwrite=ec.overwrite)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def export_hf(cfg: DictConfig) -> None:
     """Export a checkpoint as a Hugging Face model directory:
-    ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=llama|gpt2|bert|t5]``."""
+    ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=llama|gpt2|bert|t5]
+    [overwrite=true]``."""
     _run(_export, cfg)

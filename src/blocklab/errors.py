@@ -23,3 +23,11 @@ class DataError(ValueError):
     (and where in it) or the data config key."""
 
     exit_code = 3
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt, unsafe or incompatible, or a resume is refused (exit
+    code 4). Defined here (re-exported as ``checkpoint.CheckpointError``) so that checking a
+    stored config — torch-free, in ``config`` — can raise it."""
+
+    exit_code = 4

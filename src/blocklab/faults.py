@@ -4,7 +4,20 @@ handlers a real signal reaches:
 
 - ``step:N``: as optimizer step N starts (N steps done; e.g. ``SIGTERM@step:23``);
 - ``save:N``: right after checkpoint ``step-N`` is written, before anything else runs
-  (``SIGKILL@save:15`` leaves a complete checkpoint 15 and nothing after it).
+  (``SIGKILL@save:15`` leaves a complete checkpoint 15 and nothing after it);
+- ``shard:N``: in a corpus preparation (data/prepare.py), right after its N-th shard is written
+  into the temporary folder (``SIGKILL@shard:1``: a preparation killed half-way);
+- ``publish:N``: just before the N-th finished preparation of the process is renamed into
+  place — a trained BPE tokenizer first, if there is one, then the corpus
+  (``SIGKILL@publish:1`` with the byte tokenizer: killed just before the corpus's rename).
+- ``aside:N``: while ``step-N`` is re-saved, between its two renames (the old copy moved aside
+  to ``.old-step-N-<pid>``, the new one not yet in place);
+- ``read:N``: a reader of a run directory (``blocklab-eval``, ``resume=``) has chosen checkpoint
+  ``step-N`` and not yet opened it.
+
+An item may end in ``#job=N``: it then fires only in the process running job N of a multirun
+(Hydra's job number; :mod:`blocklab.sweep` names it in ``$BLOCKLAB_SWEEP_JOB`` while the job
+runs), e.g. ``SIGKILL@step:3#job=1`` kills job 1 as its step 3 starts and leaves the others.
 
 A test that sent a signal from outside after watching for a file would race the training loop
 on a loaded machine; these fire at the same point every time.
@@ -16,20 +29,22 @@ import os
 import signal
 
 ENV = "BLOCKLAB_FAULT"
+JOB_ENV = "BLOCKLAB_SWEEP_JOB"
 
 
 def faults() -> list[tuple[signal.Signals, str, int]]:
-    """The configured ``(signal, point, step)`` triples."""
+    """The configured ``(signal, point, step)`` triples that apply to this process."""
     out = []
     for item in os.environ.get(ENV, "").split(","):
-        if not item.strip():
+        item, _, only = item.partition("#")
+        if not item.strip() or not _this_job(only, item):
             continue
         try:
             name, where = item.strip().split("@")
             point, step = where.split(":")
             out.append((signal.Signals[name], point, int(step)))
         except (ValueError, KeyError):
-            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save>:<N>, e.g. "
+            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save|shard|publish|aside|read>:<N>, e.g. "
                              "SIGKILL@save:15") from None
     return out
 
@@ -39,3 +54,14 @@ def maybe_fault(point: str, step: int) -> None:
     for sig, p, n in faults():
         if p == point and n == step:
             os.kill(os.getpid(), sig)
+
+
+def _this_job(only: str, item: str) -> bool:
+    """Whether an item's ``#job=N`` selector (empty: every process) names the running job."""
+    if not only:
+        return True
+    key, _, n = only.partition("=")
+    if key.strip() != "job" or not n.strip().isdigit():
+        raise ValueError(f"{ENV}={(item + '#' + only).strip()!r}: expected <item>#job=<N> (N a "
+                         "multirun job number)")
+    return os.environ.get(JOB_ENV) == str(int(n))

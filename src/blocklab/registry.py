@@ -134,7 +134,8 @@ def register(axis: str, name: str, *, replace: bool = False) -> Callable[[T], T]
 def load_plugins() -> list[str]:
     """Import user component modules once: ``blocklab.plugins`` entry points of installed
     distributions, then the modules named in ``$BLOCKLAB_PLUGINS`` (comma-separated). Returns
-    the module names imported by this call."""
+    the module names imported by this call. Any failure while a module is imported — an
+    exception or ``sys.exit`` — is one :class:`ConfigError` line naming the plugin."""
     global _plugins_loaded
     if _plugins_loaded:
         return []
@@ -151,9 +152,22 @@ def load_plugins() -> list[str]:
             continue
         try:
             importlib.import_module(module)
-        except Exception as e:
+        except BaseException as e:
             _plugins_loaded = False  # let a fixed environment retry
+            if isinstance(e, KeyboardInterrupt):
+                raise  # Ctrl-C aborts the command, as anywhere else
             raise ConfigError(f"plugin error: {where}: importing {module!r} failed: "
-                              f"{type(e).__name__}: {e}") from None
+                              f"{_why(e)}") from None
         loaded.append(module)
     return loaded
+
+
+def _why(e: BaseException) -> str:
+    """One line for what a plugin raised. ``sys.exit()`` in a plugin is a failure too: were it
+    let through, a command would end with the plugin's exit status (0 for ``sys.exit(0)``)
+    having done nothing."""
+    if isinstance(e, SystemExit):
+        return (f"it called sys.exit({e.code!r}) while being imported (a plugin module only "
+                "defines and registers components)")
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__

@@ -9,6 +9,14 @@ per-job isolation and a summary.
   rerun the whole sweep in the child. :func:`job_argv` narrows ``sys.argv`` to the current
   job's overrides for the duration of the job, and :func:`clear_distributed_env` removes the
   rendezvous variables afterwards so the next job starts its own process group.
+- A job whose process dies — killed by a signal (the OOM killer sends SIGKILL), a crash of the
+  interpreter — cannot record anything itself. Under ``hydra/launcher=parallel`` and
+  ``local``/``slurm`` (blocklab's thin subclasses of Hydra's joblib and submitit launchers,
+  ``src/hydra_plugins/blocklab_launchers``) every job has a process of its own, and the
+  launching process records such a death in the job's ``status.json`` (:func:`job_died`); the
+  other jobs run on. Hydra's basic launcher runs the jobs one after another in the sweep's own
+  process: there a SIGKILL ends the sweep itself (the jobs before it keep their results; the
+  killed one stays ``running``) -- use one of the others where jobs may be killed.
 - :class:`SweepSummary` (a Hydra callback, ``hydra.callbacks`` in ``configs/train.yaml``) prints
   and writes the comparison table of the finished sweep (``blocklab-compare`` on the sweep dir).
 """
@@ -17,8 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +38,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from blocklab.errors import StorageError
+from blocklab.faults import JOB_ENV
 from blocklab.files import write_text_atomic
 
 DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK",
@@ -58,6 +71,20 @@ def write_status(run_dir: str | Path, status: str, *, error: str | None = None,
 
 
 @contextlib.contextmanager
+def job_env(job: int) -> Iterator[None]:
+    """Name the running job in ``$BLOCKLAB_SWEEP_JOB`` (``BLOCKLAB_FAULT=...#job=N``)."""
+    saved = os.environ.get(JOB_ENV)
+    os.environ[JOB_ENV] = str(job)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(JOB_ENV, None)
+        else:
+            os.environ[JOB_ENV] = saved
+
+
+@contextlib.contextmanager
 def job_argv(overrides: list[str]) -> Iterator[None]:
     """Make ``sys.argv`` name only this job (for Lightning's DDP child processes)."""
     saved = sys.argv[:]
@@ -85,13 +112,11 @@ def run_job(fn, cfg: DictConfig, known: tuple[type[BaseException], ...]) -> floa
     """One multirun job: train, record the outcome in ``status.json``, never raise (the
     launcher goes on with the other jobs; the summary lists the failure). Returns the job's
     objective value (NaN for a failed job: Optuna marks that trial failed)."""
-    import math
-
     info = job_info()
     write_status(info["run_dir"], "running", info=info)
     value = math.nan
     try:
-        with job_argv(info["overrides"]):
+        with job_argv(info["overrides"]), job_env(info["job"]):
             value = fn(cfg)
     except known as e:
         message = str(e.args[-1] if isinstance(e, OSError) and e.args else e).splitlines()[0]
@@ -108,8 +133,83 @@ def run_job(fn, cfg: DictConfig, known: tuple[type[BaseException], ...]) -> floa
     return value
 
 
+def exit_reason(code: int | None) -> str:
+    """How a job's process ended, from its exit status (negative: the signal that killed it)."""
+    if code is None:
+        return "its process died before the job finished"
+    if code < 0:
+        try:
+            name = f"{signal.Signals(-code).name} (signal {-code})"
+        except ValueError:
+            name = f"signal {-code}"
+        return f"its process was killed by {name} before the job finished"
+    return f"its process exited with code {code} before the job finished"
+
+
+_HYDRA_CONFIG = threading.Lock()  # joblib's threads resolve job directories one at a time
+
+
+def job_dir(hydra_context: Any, config: DictConfig, job: int, overrides: list[str]) -> Path:
+    """Job ``job``'s output directory, as Hydra's ``run_job`` names it in the job's process
+    (``hydra.sweep.dir``/``hydra.sweep.subdir``), resolved in the launching one: the subdir's
+    ``${hydra:job.num}`` reads HydraConfig, set to the job's config for that moment only."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    sweep = hydra_context.config_loader.load_sweep_config(config, list(overrides))
+    with open_dict(sweep):
+        sweep.hydra.job.num = job
+    with _HYDRA_CONFIG:
+        hc = HydraConfig.instance()
+        saved = hc.cfg
+        try:
+            hc.set_config(sweep)
+            return Path(str(sweep.hydra.sweep.dir)) / str(sweep.hydra.sweep.subdir)
+        finally:
+            hc.cfg = saved
+
+
+def job_died(hydra_context: Any, config: DictConfig, job: int, overrides: list[str],
+             reason: str) -> Any:
+    """The launching process's record of a job whose process died before the job recorded
+    its outcome: ``failed`` with ``reason`` (a clause: :func:`exit_reason`) in its
+    ``status.json`` (a job that finished and died afterwards keeps its own), and the Hydra
+    ``JobReturn`` a failed job returns (NaN: Optuna marks the trial failed)."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    run_dir = job_dir(hydra_context, config, job, overrides)
+    path = run_dir / "status.json"
+    status = json.loads(path.read_text()) if path.is_file() else {}
+    if status.get("status") in ("ok", "failed"):
+        value = status.get("objective", math.nan)
+    else:
+        from blocklab.checkpoint import list_checkpoints
+
+        value = math.nan
+        hint = (f"; resume it with: blocklab-train resume={run_dir}"
+                if list_checkpoints(run_dir) else "")
+        oom = "; SIGKILL is what the OOM killer sends" if "SIGKILL" in reason else ""
+        message = f"{reason}{oom}{hint}"
+        print(f"job {job} died: {message}", file=sys.stderr)
+        kept = {k: v for k, v in status.items() if k not in ("status", "error")}
+        write_status(run_dir, "failed", error=message, info={
+            "job": job, "overrides": list(overrides), "run_dir": str(run_dir), **kept})
+    return JobReturn(overrides=list(overrides), working_dir=str(run_dir),
+                     status=JobStatus.COMPLETED, _return_value=value)
+
+
 class SweepSummary(Callback):
-    """Hydra callback: after a multirun, print and write the comparison of its jobs."""
+    """Hydra callback: before a multirun, check that its sweep directory can be written; after
+    it, print and write the comparison of its jobs."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from blocklab.runlock import writable_dir
+
+        try:  # else Hydra's own mkdir fails later, with a traceback (an exception here too)
+            writable_dir(str(config.hydra.sweep.dir), "sweep directory")
+        except StorageError as e:
+            print(e.args[-1], file=sys.stderr)
+            sys.exit(e.exit_code)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

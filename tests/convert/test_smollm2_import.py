@@ -107,7 +107,7 @@ def test_blocklab_eval_runs_text_probes_on_the_import(smol, pretrained, tmp_path
     found, _, _ = smol
     reads = []
 
-    def read_once(source, *, gguf=None, ignore_fields=()):
+    def read_once(source, *, gguf=None, ignore_fields=(), progress=None):
         assert (source, gguf, tuple(ignore_fields)) == (*found, ())  # the fixture's very read
         reads.append(source)
         return pretrained

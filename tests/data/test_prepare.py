@@ -86,7 +86,7 @@ def test_a_second_run_reuses_the_shards_without_reading_the_text(prepared, monke
         raise AssertionError("the corpus was prepared again")
 
     monkeypatch.setattr(prep, "_build", must_not_run)
-    monkeypatch.setattr(prep, "read_documents", must_not_run)
+    monkeypatch.setattr(prep, "read_pieces", must_not_run)
     again = prep.prepare(dataclasses.replace(cfg, seq_len=16, batch_size=3), BYTE,
                          log=lambda s: None)  # reading settings only: the same corpus
     assert again.path == p.path and again.fingerprint == p.fingerprint

@@ -109,7 +109,7 @@ def test_a_foreign_tokenizer_trains_checkpoints_evaluates_and_probes(tmp_path, c
     assert meta["specials"]["bos"] == meta["specials"]["eos"] == eot != 1
     assert meta["specials"]["pad"] > eot and meta["config"]["model"]["vocab_size"] == \
         tok.get_vocab_size() + 2
-    ev = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=text",
+    ev = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=text", "run_data=true",
                  "probes.needle.lengths=[1.0]", "probes.needle.n=2",
                  "probes.needle.depths=[0.5]", "probes.litm.enabled=false",
                  "probes.perplexity.lengths=[1.0]", "probes.perplexity.tokens=64",
@@ -117,7 +117,10 @@ def test_a_foreign_tokenizer_trains_checkpoints_evaluates_and_probes(tmp_path, c
                  f"out={tmp_path / 'eval'}")
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert "val/loss" in ev.stdout
-    (probe_dir,) = [p for p in (tmp_path / "eval").iterdir() if p.is_dir()]
+    # the run's corpus was prepared with the checkpoint's tokenizer under out=, nowhere else
+    assert (tmp_path / "eval" / "data-cache").is_dir()
+    (probe_dir,) = [p for p in (tmp_path / "eval").iterdir()
+                    if p.is_dir() and p.name != "data-cache"]
     examples = (probe_dir / "examples.csv").read_text()
     assert "needle" in examples  # text-space probes ran through the foreign tokenizer
 

@@ -599,14 +599,22 @@ class EvalConfig:
     hf_model: str | None = None  # a Hugging Face causal LM directory instead of a checkpoint
     hf_gguf: str | None = None  # a GGUF file inside hf_model (dequantized on load)
     out: str | None = None  # output folder (default: next to the checkpoint)
+    # the validation loss on the run's own data: auto = when that needs no file (synthetic
+    # data), skipped for a text run; true = read the run's recorded text sources; false = none
+    run_data: str = "auto"
 
 
 @dataclass
 class ImportConfig:
     from_hf: str | None = None  # a Hugging Face model directory, or a hub id (network needed)
     gguf: str | None = None  # a GGUF file inside from_hf (llama architecture)
-    out: str | None = None  # run directory to create (default outputs/imported/<name>)
+    out: str | None = None  # run directory to create, new or empty (default outputs/imported/<name>)
     ignore_fields: list[str] = field(default_factory=list)  # HF config keys declared harmless
+    # true: replace an `out` that holds anything, whole. The import is written into a hidden
+    # sibling (.tmp-<name>-<pid>) and swapped in only once complete (the old directory renamed
+    # to .old-<name>-<pid>, the new one renamed in, then the old one deleted): a failure at any
+    # point leaves the old content as it was. false: such an `out` is refused (exit 2).
+    overwrite: bool = False
 
 
 @dataclass
@@ -614,6 +622,9 @@ class ExportConfig:
     ckpt: str | None = None  # a run directory (newest valid checkpoint) or a checkpoint directory
     out: str | None = None  # a new (or empty) directory for the Hugging Face files
     arch: str | None = None  # llama | gpt2 | bert | t5 (null = the one that expresses the model)
+    # true: replace an `out` that holds anything, whole, as import's overwrite does (written
+    # beside it, swapped in once complete; a failure leaves the old content as it was).
+    overwrite: bool = False
 
 
 @dataclass

@@ -105,7 +105,8 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
     if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
         raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
     family = registry.lookup("family", m.family.name, f"{key}.family.name")
-    _validate_window(m, key, bidirectional=getattr(family, "has_bidirectional_stack", False))
+    _validate_window(m, key, bidirectional=getattr(family, "has_bidirectional_stack", False),
+                     stacks=family.stacks(m))
     _validate_mixers(m, key, family)
     return m
 
@@ -157,10 +158,12 @@ def _base_position(position: type) -> type:
     return next(c for c in reversed(position.__mro__) if c.__name__ == "Position")
 
 
-def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool) -> None:
+def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool,
+                     stacks: list[tuple[int, bool, bool]]) -> None:
     """Local (sliding-window) attention: ``window`` keys per query (null = global), odd where the
-    family has a bidirectional stack (a centred window), ``global_every`` 0 or >= 2 and only
-    with a window."""
+    family has a bidirectional stack (a centred window), ``global_every`` 0 or >= 2, only with a
+    window, and making at least one layer global: ``global_every`` past every stack's depth
+    silently meant "all local", which is ``global_every: 0``."""
     a = m.attention
     _check(a.window is None or (isinstance(a.window, int) and a.window >= 1),
            f"{key}.attention.window", a.window,
@@ -173,6 +176,16 @@ def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool) -> None:
            a.global_every, "must be 0 (every layer local) or >= 2 (layers n, 2n, ... global)")
     _check(a.global_every == 0 or a.window is not None, f"{key}.attention.global_every",
            a.global_every, "needs model.attention.window (null: every layer is already global)")
+    deepest = max(n for n, _, _ in stacks)  # a shallower stack may be all local; not every one
+    _check(a.global_every <= deepest, f"{key}.attention.global_every", a.global_every,
+           f"no layer would be global: must be <= the deepest stack's {deepest} layers "
+           f"({_depths(m, key)})", "global_every: 0 makes every layer local")
+
+
+def _depths(m: ModelConfig, key: str) -> str:
+    if m.family.n_encoder_layers is None:
+        return f"{key}.n_layers={m.n_layers}"
+    return f"{key}.n_layers={m.n_layers}, {key}.family.n_encoder_layers={m.encoder_layers}"
 
 
 _ROPE_OPTIONS = ("base", "scaling", "factor", "original_max_seq_len", "yarn_beta_fast",
@@ -445,6 +458,10 @@ def validate_run_probe_spec(spec: ProbeSpec, tc: TrainConfig, key: str = "probes
     return validate_probe_spec(spec, key, synthetic=synthetic, data=data)
 
 
+#: blocklab-eval's run_data: which data the validation loss is computed on (eval/rundata.py).
+RUN_DATA = ("auto", "true", "false")
+
+
 def validate_eval(cfg: EvalConfig) -> EvalConfig:
     """``blocklab-eval``'s own keys and its probe spec (checked again, against the run's
     vocabulary, once the checkpoint is known: :func:`validate_probe_spec` with ``data``)."""
@@ -457,5 +474,8 @@ def validate_eval(cfg: EvalConfig) -> EvalConfig:
         value = getattr(cfg, name)
         _check(value is None or value >= 1, name, value,
                "must be null (the run's data." + name + ") or >= 1")
+    cfg.run_data = str(cfg.run_data).lower()  # true / false arrive as "True" / "False"
+    _one_of("run_data", cfg.run_data, RUN_DATA, "auto: the run's data where that opens no "
+            "file (synthetic); true: read the run's recorded text sources; false: no loss")
     validate_probe_spec(cfg.probes, "probes", synthetic=False if cfg.hf_model else None)
     return cfg

@@ -1,14 +1,12 @@
-"""Import (Hugging Face / GGUF -> blocklab checkpoint), export (blocklab checkpoint -> Hugging
-Face directory) and the pretrained source of ``init_from``."""
+"""Import (Hugging Face / GGUF -> blocklab checkpoint) and the pretrained source of
+``init_from``; export (blocklab checkpoint -> Hugging Face directory) is in export.py."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import math
-import os
-import shutil
-import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +15,14 @@ from torch import Tensor
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ModelConfig, TrainConfig, model_config, model_to_dict
-from blocklab.convert.archs import ARCHITECTURES, Arch, Weights, arch_for_model_type
+from blocklab.convert.archs import arch_for_model_type
 from blocklab.convert.fields import Fields
-from blocklab.convert.sources import Source, read_gguf, read_hf_dir, resolve_source
-from blocklab.errors import ConfigError, StorageError
+from blocklab.convert.gguf_file import read_gguf
+from blocklab.convert.progress import Progress, quiet
+from blocklab.convert.sources import Source, confined, read_hf_dir, resolve_source
+from blocklab.convert.weights import Weights
+from blocklab.errors import ConfigError
+from blocklab.files import check_destination, write_dir_atomic, write_file
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 
 CONVERTER_VERSION = 1
@@ -41,23 +43,25 @@ class Pretrained:
 
 
 def read_pretrained(source: str, *, gguf: str | None = None,
-                    ignore_fields: tuple[str, ...] = ()) -> Pretrained:
+                    ignore_fields: tuple[str, ...] = (),
+                    progress: Progress | None = None) -> Pretrained:
     """Read and map a Hugging Face directory (or hub id, or ``gguf`` file in that directory).
-    Every config field is mapped, checked or refused; every tensor is placed or refused."""
+    Every config field is mapped, checked or refused; every tensor is placed or refused, and
+    must have the shape the config describes. ``progress`` reports each stage (quiet when
+    None)."""
+    say = progress or quiet()
     directory = resolve_source(source)
-    src = read_gguf(directory, gguf) if gguf else read_hf_dir(directory)
+    src = read_gguf(directory, gguf, say) if gguf else read_hf_dir(directory, say)
     arch = arch_for_model_type(src.config.get("model_type"), src.where)
+    say(f"mapping {len(src.tensors)} tensors onto blocklab's {arch.name} ({src.kind})")
     fields = Fields(src.config, src.where, ignore=tuple(ignore_fields))
-    plain = arch.config_in(fields, src.tensors)
+    m = _model_config(arch, fields, src)
     notes = fields.finish()
-    try:
-        m = model_config(plain)
-    except ConfigError as e:
-        raise ConfigError(f"hf config {src.where}: maps to a model blocklab refuses: {e}") from None
-    weights = Weights(src.tensors, src.where)
+    weights = Weights(src.tensors, src.weights_where or src.where)
     state = arch.weights_in(weights, m)
+    _check_shapes(state, m, weights)
     notes += weights.finish(droppable=("bert.pooler.", "cls.seq_relationship.", "pooler."))
-    tokenizer, specials, text_bos, tok_notes = source_tokenizer(src, m.vocab_size)
+    tokenizer, specials, text_bos, tok_notes = source_tokenizer(src, m.vocab_size, say)
     info = {"kind": src.kind, "path": str(Path(source).resolve()) if Path(source).exists()
             else source, "gguf": gguf, "files": src.files, "architecture": arch.name,
             "model_type": src.config.get("model_type"), "converter_version": CONVERTER_VERSION,
@@ -66,8 +70,39 @@ def read_pretrained(source: str, *, gguf: str | None = None,
                       notes + src.notes + tok_notes)
 
 
-def source_tokenizer(src: Source, vocab_size: int) -> tuple[str, dict[str, int | None], bool,
-                                                               list[str]]:
+def _model_config(arch, fields: Fields, src: Source) -> ModelConfig:
+    """The blocklab model config ``arch`` maps the source's config to; a field of the wrong
+    type or a missing size is refused in one line, like a value blocklab cannot express."""
+    try:
+        plain = arch.config_in(fields, src.tensors)
+    except ConfigError:
+        raise
+    except (TypeError, KeyError, ValueError, AttributeError, ZeroDivisionError) as e:
+        raise ConfigError(f"hf config {src.where}: not a {arch.name} config blocklab can read "
+                          f"(a size is missing or of the wrong type: {type(e).__name__}: "
+                          f"{e})") from None
+    try:
+        return model_config(plain)
+    except ConfigError as e:
+        raise ConfigError(f"hf config {src.where}: maps to a model blocklab refuses: {e}") from None
+
+
+def _check_shapes(state: dict[str, Tensor], m: ModelConfig, weights: Weights) -> None:
+    """Every mapped tensor has the shape of the parameter it fills (the model built on the
+    meta device: no memory, no initialization)."""
+    import torch
+
+    from blocklab.model import build_model
+
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in build_model(m).state_dict().items()}
+    for key, t in state.items():
+        if key in want and tuple(t.shape) != want[key]:
+            raise weights.shape_error(key, t, want[key])
+
+
+def source_tokenizer(src: Source, vocab_size: int, progress: Progress | None = None
+                     ) -> tuple[str, dict[str, int | None], bool, list[str]]:
     """The model's own tokenizer as a ``tokenizers`` JSON string, its special ids (pad falls
     back to eos, then 0 — padding is masked, so any real id serves), and whether it begins
     plain text with BOS. ``tokenizer.json`` is read directly; a GGUF's vocabulary or a
@@ -76,21 +111,22 @@ def source_tokenizer(src: Source, vocab_size: int) -> tuple[str, dict[str, int |
 
     from blocklab.data.tokenizer import find_specials
 
+    say = progress or quiet()
     notes: list[str] = []
     file = src.directory / "tokenizer.json"
     if src.gguf_file is None and file.is_file():
-        tok = Tokenizer.from_file(str(file))
-    else:
+        confined(src.directory, file.name, f"hf model file {file}")
+        say(f"tokenizer from {file}")
         try:
-            from transformers import AutoTokenizer
-
-            kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
-            hf_tok = AutoTokenizer.from_pretrained(str(src.directory), **kw)
-            tok = Tokenizer.from_str(hf_tok.backend_tokenizer.to_str())
+            tok = Tokenizer.from_file(str(file))
         except Exception as e:
-            raise ConfigError(f"tokenizer {src.directory}: no tokenizer.json, and transformers "
-                              f"could not build one ({type(e).__name__}: "
+            raise ConfigError(f"tokenizer {file}: unreadable ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    else:
+        say(f"tokenizer through transformers from {src.directory / (src.gguf_file or '')} "
+            "(a GGUF file is read once more)")
+        hf_tok = _hf_tokenizer(src)
+        tok = Tokenizer.from_str(hf_tok.backend_tokenizer.to_str())
     found = find_specials(tok, src.directory if src.gguf_file is None else None)
     if src.gguf_file is not None:  # the GGUF names its specials by id
         found.update({k: v for k, v in _gguf_specials(hf_tok).items() if v is not None})
@@ -113,6 +149,18 @@ def source_tokenizer(src: Source, vocab_size: int) -> tuple[str, dict[str, int |
     return tok.to_str(), found, text_bos, notes
 
 
+def _hf_tokenizer(src: Source):
+    try:
+        from transformers import AutoTokenizer
+
+        kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}
+        return AutoTokenizer.from_pretrained(str(src.directory), **kw)
+    except Exception as e:
+        raise ConfigError(f"tokenizer {src.directory}: no tokenizer.json, and transformers "
+                          f"could not build one ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
 def _gguf_specials(hf_tok) -> dict[str, int | None]:
     return {"bos": hf_tok.bos_token_id, "eos": hf_tok.eos_token_id, "pad": hf_tok.pad_token_id}
 
@@ -132,24 +180,67 @@ def _train_config(m: ModelConfig, tokenizer_path: str | None) -> dict[str, Any]:
 
 
 def import_model(source: str, out: str | Path | None = None, *, gguf: str | None = None,
-                 ignore_fields: tuple[str, ...] = (), log=print) -> Path:
+                 ignore_fields: tuple[str, ...] = (), overwrite: bool = False,
+                 log=print) -> Path:
     """``blocklab-import from_hf=<dir | hub id> [gguf=<file>] out=<dir>``: write an ordinary
     blocklab checkpoint (``<out>/checkpoints/step-000000``) that ``blocklab-eval``, ``load_model``
-    and ``init_from`` read; returns the checkpoint directory."""
+    and ``init_from`` read; returns the checkpoint directory. ``out`` must be new or empty;
+    ``overwrite=True`` replaces it whole (files.write_dir_atomic: the old content stays as it
+    was until the new one is complete). Stages are reported on stderr."""
     from blocklab.model import build_model
     from blocklab.model.estimate import count_params
 
+    t0 = time.monotonic()
+    say = Progress("import")
     name = Path(gguf).stem if gguf else Path(source.rstrip("/")).name
     run_dir = Path(out) if out else Path("outputs") / "imported" / name
-    target = run_dir / "checkpoints" / f"{ckpt.PREFIX}000000"
-    if ckpt.list_checkpoints(run_dir):
-        raise ConfigError(f"config error: out={str(run_dir)!r}: already holds checkpoints; "
-                          "choose a new directory (nothing is overwritten)")
-    p = read_pretrained(source, gguf=gguf, ignore_fields=ignore_fields)
+    reads = (Path(source),) if Path(source).exists() else ()
+    check_destination(run_dir, "out", overwrite=overwrite, reads=reads)  # before any reading
+    p = read_pretrained(source, gguf=gguf, ignore_fields=ignore_fields, progress=say)
+    say(f"building the model ({count_params(p.model):,} parameters)")
     model = build_model(p.model)
     model.load_state_dict(p.state, strict=True)
+    meta = _meta(p, model, run_dir)
+    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+             "blocklab": meta}
+    size = nbytes(state["state_dict"].values())
+    say(f"writing {run_dir} (checkpoint {size / 1e6:,.1f} MB, tokenizer, config)")
+
+    def fill(tmp: Path) -> None:
+        ckpt.write_checkpoint(tmp / "checkpoints" / f"{ckpt.PREFIX}000000", state)
+        write_file(tmp / "config.yaml", meta["config_yaml"])
+        (tmp / "tokenizer").mkdir()  # tokenizer=file tokenizer.path=<run>/tokenizer
+        write_file(tmp / "tokenizer" / "tokenizer.json", p.tokenizer)
+        write_file(tmp / "tokenizer" / "blocklab_specials.json", json.dumps(p.specials))
+        write_file(tmp / "run.json", json.dumps(
+            {k: meta[k] for k in ("params", "arch_hash", "config_hash", "tokenizer_hash",
+                                   "versions", "git", "created", "run_dir", "imported")},
+            indent=2))
+
+    intact = (f"{run_dir} is as it was" if run_dir.exists() else f"nothing was written to "
+              f"{run_dir}")
+    write_dir_atomic(run_dir, fill, what=f"storage error: import to {run_dir}",
+                     full=f"the import needs about {size:,} bytes free; {intact}",
+                     overwrite=overwrite, reads=reads)
+    for note in p.notes:
+        log(f"note: {note}")
+    say(f"done in {time.monotonic() - t0:,.0f} s")
+    return run_dir / "checkpoints" / f"{ckpt.PREFIX}000000"
+
+
+def nbytes(tensors: Iterable[Tensor]) -> int:
+    """Bytes the tensors occupy, a storage shared by several (a tied head) counted once: about
+    what writing them takes."""
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors}.values())
+
+
+def _meta(p: Pretrained, model, run_dir: Path) -> dict[str, Any]:
+    """The checkpoint metadata of an import (what a training run's step 0 would record)."""
+    from blocklab.model.estimate import count_params
+
     plain = _train_config(p.model, str(run_dir / "tokenizer"))
-    meta = {
+    return {
         "format_version": ckpt.FORMAT_VERSION, "config": plain,
         "config_yaml": _yaml(plain), "overrides": [], "arch_hash": arch_hash(model_to_dict(p.model)),
         "tokenizer": p.tokenizer, "tokenizer_hash": text_hash(p.tokenizer),
@@ -159,157 +250,9 @@ def import_model(source: str, out: str | Path | None = None, *, gguf: str | None
         "params": count_params(p.model), "config_hash": config_hash(plain),
         "imported": p.source, "step": 0, "batches_seen": 0, "tokens_seen": 0,
     }
-    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-             "blocklab": meta}
-    ckpt.write_checkpoint(target, state)
-    (run_dir / "config.yaml").write_text(meta["config_yaml"])
-    tok_dir = run_dir / "tokenizer"  # tokenizer=file tokenizer.path=<run>/tokenizer
-    tok_dir.mkdir(exist_ok=True)
-    (tok_dir / "tokenizer.json").write_text(p.tokenizer)
-    (tok_dir / "blocklab_specials.json").write_text(json.dumps(p.specials))
-    (run_dir / "run.json").write_text(json.dumps(
-        {k: meta[k] for k in ("params", "arch_hash", "config_hash", "tokenizer_hash",
-                               "versions", "git", "created", "run_dir", "imported")}, indent=2))
-    for note in p.notes:
-        log(f"note: {note}")
-    return target
 
 
 def _yaml(plain: dict[str, Any]) -> str:
     from omegaconf import OmegaConf
 
     return OmegaConf.to_yaml(OmegaConf.create(plain))
-
-
-# ----------------------------------------------------------------------------------- export
-
-
-def _compare(arch: Arch, m: ModelConfig) -> tuple[bool, list[str]]:
-    """(whether ``arch`` has a name for every component of ``m``, the model keys where ``m``
-    differs from what ``arch`` can express — a round trip through its HF config)."""
-    try:
-        back = model_config(arch.config_in(Fields(arch.config_out(m), f"<{arch.name}>"), {}))
-    except ConfigError as e:  # a component the architecture has no name for
-        return False, [str(e).split(": ", 1)[-1]]
-    want, got = _normal(m), _normal(back)
-    skip = set(arch.unmapped)
-    return True, [f"model.{k}={v!r} ({arch.name} has {got.get(k)!r})" for k, v in want.items()
-                  if k not in skip and not _same(v, got.get(k))]
-
-
-def _normal(m: ModelConfig) -> dict[str, Any]:
-    """Flat model config with derived values made explicit (head size, K/V heads, encoder
-    depth), so equal models compare equal however they were written."""
-    d = _flat(model_to_dict(m))
-    d["d_head"], d["attention.n_kv_heads"] = m.head_dim, m.kv_heads
-    d["family.n_encoder_layers"] = m.encoder_layers if m.family.name == "encoder_decoder" else None
-    return d
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-9)
-    return a == b
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def pick_arch(m: ModelConfig, name: str | None = None) -> Arch:
-    """The architecture to export ``m`` as: ``name``, else the one of its family that expresses
-    it; refused naming every axis that has no equivalent."""
-    if name is not None:
-        if name not in ARCHITECTURES:
-            raise ConfigError(f"config error: arch={name!r}: one of {sorted(ARCHITECTURES)}")
-        candidates = [ARCHITECTURES[name]]
-    else:
-        candidates = [a for a in ARCHITECTURES.values() if a.family == m.family.name]
-    if not candidates:
-        raise ConfigError(f"export refused: model.family.name={m.family.name!r} has no Hugging "
-                          "Face equivalent blocklab exports")
-    compared = {a.name: _compare(a, m) for a in candidates}
-    best = min(candidates, key=lambda a: (not compared[a.name][0], len(compared[a.name][1])))
-    diff = compared[best.name][1]
-    if diff:
-        raise ConfigError(f"export refused: no Hugging Face equivalent as {best.name}: "
-                          + "; ".join(diff))
-    check = getattr(best, "check_out", None)
-    if check is not None:
-        check(m)
-    return best
-
-
-def export_model(target: str | Path, out: str | Path, *, arch: str | None = None,
-                 log=print) -> Path:
-    """``blocklab-export ckpt=<run dir | checkpoint> out=<dir>``: a directory Hugging Face
-    ``from_pretrained`` loads (config.json, model.safetensors, the tokenizer files)."""
-    from safetensors.torch import save_file
-
-    path = ckpt.resolve(target)
-    model, _, meta = ckpt.load_model(path)
-    m = model.config
-    chosen = pick_arch(m, arch)
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"config error: out={str(out)!r}: exists and is not empty (nothing is "
-                          "overwritten)")
-    state = {k: v.detach().contiguous() for k, v in chosen.weights_out(model.state_dict(),
-                                                                        m).items()}
-    config = chosen.config_out(m)
-    specials = meta.get("specials") or {}
-    config.update({k: v for k, v in (("bos_token_id", specials.get("bos")),
-                                     ("eos_token_id", specials.get("eos")),
-                                     ("pad_token_id", specials.get("pad"))) if v is not None})
-    config["torch_dtype"] = "float32"
-    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        _write_tokenizer(tmp, meta, specials)
-        (tmp / "blocklab_export.json").write_text(json.dumps({
-            "checkpoint": str(path), "step": meta.get("step"), "arch_hash": meta.get("arch_hash"),
-            "architecture": chosen.name, "converter_version": CONVERTER_VERSION,
-            "versions": versions()}, indent=2))
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise StorageError(e.errno, f"storage error: export to {out}: {e.strerror or e}") from None
-    if m.dropout and "dropout" in chosen.unmapped:
-        log(f"note: model.dropout={m.dropout} is not carried: {chosen.hf_class} has no "
-            "residual dropout (training only; the outputs are the same)")
-    log(f"exported {path} as {chosen.hf_class} to {out}")
-    return out
-
-
-def _write_tokenizer(out: Path, meta: dict[str, Any], specials: dict[str, Any]) -> None:
-    """tokenizer.json and the files naming its specials (a synthetic vocabulary has no HF
-    form: only the ids go in config.json)."""
-    text = meta.get("tokenizer") or ""
-    if not text or json.loads(text).get("kind") == "synthetic":
-        print("note: the synthetic task vocabulary has no Hugging Face tokenizer; only the "
-              "model is exported", file=sys.stderr)
-        return
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_str(text)
-    (out / "tokenizer.json").write_text(text)
-    names = {}
-    for role in ("bos", "eos", "pad", "mask"):
-        i = specials.get(role)
-        if i is not None and tok.id_to_token(i) is not None:
-            names[f"{role}_token"] = tok.id_to_token(i)
-    (out / "special_tokens_map.json").write_text(json.dumps(names, indent=2))
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {**names, "tokenizer_class": "PreTrainedTokenizerFast",
-         "add_bos_token": bool(meta.get("text_bos", False))}, indent=2))

@@ -19,46 +19,8 @@ from torch import Tensor
 
 from blocklab.config import ModelConfig
 from blocklab.convert.fields import Fields
+from blocklab.convert.weights import Weights
 from blocklab.errors import ConfigError
-
-# Buffers some checkpoints carry that are not weights (recomputed by every implementation).
-_BUFFERS = ("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias", "embeddings.position_ids",
-            "embeddings.token_type_ids")
-
-
-class Weights:
-    """A source state dict being consumed: ``take`` each tensor once; ``finish`` refuses
-    tensors nobody took (except known non-weight buffers and ``droppable`` prefixes, which
-    are reported)."""
-
-    def __init__(self, tensors: dict[str, Tensor], where: str) -> None:
-        self.tensors, self.where = tensors, where
-        self.left = {k for k in tensors if not k.endswith(_BUFFERS)}
-        self.notes: list[str] = []
-
-    def has(self, key: str) -> bool:
-        return key in self.tensors
-
-    def take(self, key: str) -> Tensor:
-        if key not in self.tensors:
-            raise ConfigError(f"hf weights {self.where}: tensor {key!r} is missing (the config "
-                              "describes a layer the weights do not have)")
-        self.left.discard(key)
-        return self.tensors[key]
-
-    def cat(self, *keys: str) -> Tensor:
-        return torch.cat([self.take(k) for k in keys], dim=0)
-
-    def finish(self, droppable: tuple[str, ...] = ()) -> list[str]:
-        dropped = sorted(k for k in self.left if k.startswith(droppable))
-        if dropped:
-            self.notes.append(f"not imported (no blocklab counterpart): {len(dropped)} tensors "
-                              f"under {sorted({d.split('.')[0] + '.' + d.split('.')[1] for d in dropped})}")
-        rest = sorted(self.left - set(dropped))
-        if rest:
-            raise ConfigError(f"hf weights {self.where}: tensor {rest[0]!r} (and {len(rest) - 1} "
-                              "more) has no place in the blocklab model the config describes")
-        return self.notes
 
 
 def _attention_name(n_heads: int, kv: int) -> str:
@@ -322,7 +284,7 @@ class GPT2(Arch):
                 out[b + dst + ".bias"] = w.take(a + src + ".bias")
             for src, dst in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"),
                              ("mlp.c_fc", "ffn.up"), ("mlp.c_proj", "ffn.down")):
-                out[b + dst + ".weight"] = w.take(a + src + ".weight").t().contiguous()  # Conv1D
+                out[b + dst + ".weight"] = w.take_t(a + src + ".weight")  # Conv1D
                 out[b + dst + ".bias"] = w.take(a + src + ".bias")
         out["decoder.final_norm.weight"] = w.take(p + "ln_f.weight")
         out["decoder.final_norm.bias"] = w.take(p + "ln_f.bias")

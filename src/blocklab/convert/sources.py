@@ -1,7 +1,10 @@
 """Reading a pretrained model as Hugging Face names it: a model directory (``config.json`` plus
-safetensors — one file or an index of shards — or ``pytorch_model.bin``), a GGUF file
-(llama architecture, dequantized, llama.cpp's q/k row permutation undone), or a hub id where a
-network exists. Tokenizers come from the model's own files."""
+safetensors — one file or an index of shards — or ``pytorch_model.bin``), or a hub id where a
+network exists (GGUF files: gguf_file.py). Tokenizers come from the model's own files.
+
+Every file read from a model directory is confined to it: a shard index entry with ``..`` or
+an absolute path, or a file that is a symlink out of the directory, is refused in one line —
+an import never reads (and records as the model's provenance) weights from elsewhere."""
 
 from __future__ import annotations
 
@@ -13,14 +16,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from blocklab.convert.progress import Progress
 from blocklab.errors import ConfigError
 from blocklab.files import sha256_file
+
+INDEX = "model.safetensors.index.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# The files a model directory's readers open by name: blocklab's (config, weights, tokenizer
+# and its specials) and those transformers builds a tokenizer from when there is no
+# tokenizer.json.
+TOKENIZER_FILES = ("tokenizer.json", "special_tokens_map.json", "tokenizer_config.json",
+                   "added_tokens.json", "tokenizer.model", "spiece.model", "vocab.txt",
+                   "vocab.json", "merges.txt")
 
 
 @dataclass
 class Source:
     """A pretrained model read into memory: HF config dict, HF-named fp32 tensors, the files
-    read (with sha256), where its tokenizer is, and how it was stored."""
+    read (names relative to the directory, with sha256), where its config and weights are,
+    where its tokenizer is, and how it was stored."""
 
     config: dict[str, Any]
     tensors: dict[str, Tensor]
@@ -30,6 +44,7 @@ class Source:
     directory: Path
     gguf_file: str | None = None
     notes: list[str] = field(default_factory=list)
+    weights_where: str = ""  # the weights file (or shard index) tensors are named after
 
 
 def resolve_source(source: str) -> Path:
@@ -54,145 +69,108 @@ def resolve_source(source: str) -> Path:
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
 
 
-def read_hf_dir(directory: Path) -> Source:
+def model_roots(directory: Path) -> tuple[Path, ...]:
+    """Where a model directory's files may resolve: inside the directory itself, and, for a
+    snapshot of the Hugging Face hub cache (``models--org--name/snapshots/<revision>``, whose
+    files are symlinks to ``../../blobs/<hash>``), inside that repository's ``blobs``."""
+    root = directory.resolve()
+    blobs = root.parent.parent / "blobs"
+    if root.parent.name == "snapshots" and blobs.is_dir():
+        return root, blobs.resolve()
+    return (root,)
+
+
+def confined(directory: Path, name: str, what: str) -> Path:
+    """``directory / name``, refused when it resolves outside the model directory
+    (:func:`model_roots`) through ``..``, an absolute name or a symlink; ``what`` begins the
+    one-line error. A file that does not exist resolves inside: missing files are refused
+    where they are needed."""
+    path = directory / name
+    resolved = path.resolve()
+    if not any(resolved.is_relative_to(r) for r in model_roots(directory)):
+        raise ConfigError(f"{what} resolves to {resolved}, outside the model directory "
+                          f"{directory}; every file a model directory names must lie inside it "
+                          "(copy the file in)")
+    return path
+
+
+def read_json_object(path: Path, label: str) -> dict[str, Any]:
+    """A JSON file holding an object, refused in one line ``<label> <path>: ...`` otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{label} {path}: unreadable ({e.strerror or e})") from None
+    except ValueError as e:
+        raise ConfigError(f"{label} {path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label} {path}: a JSON object expected, found a "
+                          f"{type(data).__name__}")
+    return data
+
+
+def _shards(directory: Path) -> list[str]:
+    """The shard files a ``model.safetensors.index.json`` names, each confined."""
+    index = directory / INDEX
+    weight_map = read_json_object(index, "hf weights index").get("weight_map")
+    where = f"hf weights index {index}"
+    if weight_map is None:
+        raise ConfigError(f"{where}: no weight_map (the tensor name -> shard file map)")
+    if not isinstance(weight_map, dict):
+        raise ConfigError(f"{where}: weight_map: an object of tensor name -> file expected, "
+                          f"found a {type(weight_map).__name__}")
+    for key, name in weight_map.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}: weight_map entry {key!r} -> {name!r}: a file name "
+                              "expected")
+        confined(directory, name, f"{where}: weight_map entry {key!r} -> {name!r}")
+    return sorted(set(weight_map.values()))
+
+
+def _weight_files(directory: Path) -> tuple[list[str], str, Path]:
+    """(the weight files to read, relative names; their kind; the file tensors are named
+    after in errors)."""
+    if (directory / "model.safetensors").is_file():
+        return ["model.safetensors"], "safetensors", directory / "model.safetensors"
+    if (directory / INDEX).is_file():
+        return _shards(directory), "safetensors", directory / INDEX
+    if (directory / "pytorch_model.bin").is_file():
+        return ["pytorch_model.bin"], "pytorch", directory / "pytorch_model.bin"
+    raise ConfigError(f"config error: from_hf={str(directory)!r}: no model.safetensors, "
+                      "model.safetensors.index.json or pytorch_model.bin there (a GGUF "
+                      "file: pass gguf=<file name>)")
+
+
+def _load(f: Path, kind: str) -> dict[str, Tensor]:
+    if not f.is_file():
+        raise ConfigError(f"hf weights {f}: missing (listed in the shard index)")
+    try:
+        if kind == "safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(f))
+        return torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"hf weights {f}: unreadable ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def read_hf_dir(directory: Path, progress: Progress) -> Source:
+    """A Hugging Face model directory read into memory, every file it names confined to it."""
+    for name in ("config.json", INDEX, *WEIGHT_FILES, *TOKENIZER_FILES):
+        confined(directory, name, f"hf model file {directory / name}")
     cfg_file = directory / "config.json"
     if not cfg_file.is_file():
         raise ConfigError(f"config error: from_hf={str(directory)!r}: no config.json there")
-    try:
-        config = json.loads(cfg_file.read_text())
-    except ValueError as e:
-        raise ConfigError(f"hf config {cfg_file}: not valid JSON ({e})") from None
-    index = directory / "model.safetensors.index.json"
-    if (directory / "model.safetensors").is_file():
-        files, kind = [directory / "model.safetensors"], "safetensors"
-    elif index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files, kind = [directory / s for s in shards], "safetensors"
-    elif (directory / "pytorch_model.bin").is_file():
-        files, kind = [directory / "pytorch_model.bin"], "pytorch"
-    else:
-        raise ConfigError(f"config error: from_hf={str(directory)!r}: no model.safetensors, "
-                          "model.safetensors.index.json or pytorch_model.bin there (a GGUF "
-                          "file: pass gguf=<file name>)")
+    config = read_json_object(cfg_file, "hf config")
+    names, kind, weights_where = _weight_files(directory)
     tensors: dict[str, Tensor] = {}
-    for f in files:
-        if not f.is_file():
-            raise ConfigError(f"hf weights {f}: missing (listed in the shard index)")
-        try:
-            if kind == "safetensors":
-                from safetensors.torch import load_file
-
-                part = load_file(str(f))
-            else:
-                part = torch.load(f, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise ConfigError(f"hf weights {f}: unreadable ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
-        tensors.update(part)
+    for i, name in enumerate(names, 1):
+        f = directory / name
+        size = f.stat().st_size / 1e6 if f.is_file() else 0
+        shard = f", shard {i}/{len(names)}" if len(names) > 1 else ""
+        progress(f"reading {f} ({size:,.1f} MB{shard})")
+        tensors.update(_load(f, kind))
     tensors = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
-    return Source(config, tensors, {f.name: sha256_file(f) for f in [cfg_file, *files]},
-                  str(cfg_file), kind, directory)
-
-
-# ------------------------------------------------------------------------------------- GGUF
-
-# GGUF metadata (llama.*) -> HF Llama config keys.
-_GGUF_KEYS = {
-    "block_count": "num_hidden_layers", "context_length": "max_position_embeddings",
-    "embedding_length": "hidden_size", "feed_forward_length": "intermediate_size",
-    "attention.head_count": "num_attention_heads",
-    "attention.head_count_kv": "num_key_value_heads", "rope.freq_base": "rope_theta",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
-    "attention.key_length": "head_dim",
-}
-_GGUF_SAME = ("rope.dimension_count", "attention.value_length")  # checked against head_dim
-_GGUF_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-
-
-def unpermute_rotary_rows(w: Tensor, n_heads: int) -> Tensor:
-    """Undo llama.cpp's q/k row order: its converter interleaves each head's two rotary halves
-    (rows ``[h, 2, d/2]`` stored as ``[h, d/2, 2]``) for its own rotary layout; blocklab, like
-    Hugging Face, rotates half against half."""
-    rows = w.shape[0]
-    half = rows // n_heads // 2
-    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def _field(reader, key: str) -> Any:
-    f = reader.fields[key]
-    return f.contents()
-
-
-def read_gguf(directory: Path, name: str) -> Source:
-    path = directory / name
-    if not path.is_file():
-        raise ConfigError(f"config error: gguf={name!r}: no such file in {directory}")
-    try:
-        from gguf import GGUFReader, dequantize
-    except ImportError:
-        raise ConfigError("config error: gguf: reading GGUF files needs the gguf package "
-                          "(pip install gguf)") from None
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:
-        raise ConfigError(f"gguf {path}: unreadable ({type(e).__name__}: {e})") from None
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ConfigError(f"gguf {path}: general.architecture={arch!r}: blocklab reads GGUF "
-                          "files of the llama architecture (other architectures: import the "
-                          "Hugging Face directory)")
-    config: dict[str, Any] = {"model_type": "llama", "hidden_act": "silu"}
-    head_dim_checks = {}
-    for key in reader.fields:
-        if not key.startswith("llama."):
-            continue
-        short = key.removeprefix("llama.")
-        value = _field(reader, key)
-        if short in _GGUF_KEYS:
-            config[_GGUF_KEYS[short]] = value
-        elif short in _GGUF_SAME:
-            head_dim_checks[short] = value
-        elif short == "rope.scaling.type":
-            config.setdefault("rope_scaling", {})["rope_type"] = value
-        elif short == "rope.scaling.factor":
-            config.setdefault("rope_scaling", {})["factor"] = value
-        elif short == "rope.scaling.original_context_length":
-            config.setdefault("rope_scaling", {})["original_max_position_embeddings"] = value
-        else:
-            config[f"gguf:{key}"] = value  # refused by the config mapping, by name
-    if config.get("rope_scaling", {}).get("rope_type") == "none":
-        config.pop("rope_scaling")
-    names = {t.name for t in reader.tensors}
-    config["tie_word_embeddings"] = "output.weight" not in names
-    h, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
-    kv = kv or h
-    d_head = config.get("head_dim") or config["hidden_size"] // h
-    for short, value in head_dim_checks.items():
-        if value != d_head:
-            raise ConfigError(f"gguf {path}: llama.{short}={value}: blocklab needs it equal to "
-                              f"the head dimension ({d_head})")
-    tensors: dict[str, Tensor] = {}
-    for t in reader.tensors:
-        w = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        parts = t.name.split(".")
-        if t.name == "token_embd.weight":
-            key = "model.embed_tokens.weight"
-        elif t.name == "output_norm.weight":
-            key = "model.norm.weight"
-        elif t.name == "output.weight":
-            key = "lm_head.weight"
-        elif parts[0] == "blk" and parts[2] in _GGUF_LAYER:
-            key = f"model.layers.{parts[1]}.{_GGUF_LAYER[parts[2]]}.{parts[-1]}"
-            if parts[2] == "attn_q":
-                w = unpermute_rotary_rows(w, h)
-            elif parts[2] == "attn_k":
-                w = unpermute_rotary_rows(w, kv)
-        else:
-            key = f"gguf:{t.name}"  # refused by the weight mapping, by name
-        tensors[key] = w
-    config.setdefault("vocab_size", tensors["model.embed_tokens.weight"].shape[0])
-    return Source(config, tensors, {name: sha256_file(path)}, str(path), "gguf", directory,
-                  gguf_file=name)
+    files = {name: sha256_file(directory / name) for name in ["config.json", *names]}
+    return Source(config, tensors, files, str(cfg_file), kind, directory,
+                  weights_where=str(weights_where))

@@ -19,21 +19,25 @@ ecosystem's readers (``datasets``/``pyarrow`` for Parquet, saved and hub dataset
   reuses the shards without reading the text again.
 - **Streaming and parallel:** work items are bounded in size; ``data.num_proc`` worker
   processes (every core, at most 8, by default) tokenize them with the tokenizer's
-  ``encode_batch`` and write shards as they go. Progress shows MB/s and tokens/s.
+  ``encode_batch_fast`` and write shards as they go, in batches of bounded size: a long
+  document arrives in pieces cut before a word (data/plaintext.py), so neither its text nor
+  its ids are ever held whole. Progress shows MB/s and tokens/s.
 - **Atomic and safe to share:** everything is written into a temporary sibling and renamed
-  into place after the manifest; a killed preparation leaves nothing a later run would use.
-  Processes preparing the same fingerprint at once (DDP ranks, parallel sweep jobs) take turns
+  into place after the manifest; a killed preparation leaves nothing a later run would use,
+  and the next preparation removes what it left (a temporary whose lock nobody holds:
+  data/cache.py). Processes preparing the same fingerprint at once (DDP ranks, parallel sweep jobs) take turns
   on a file lock: one prepares, the others then reuse it. Before a run uses a prepared corpus,
   the manifest is checked (sizes and sha256): a changed shard is set aside and rebuilt.
 - **The BPE tokenizer** is trained on a seeded sample of at most ``tokenizer.sample_bytes``
-  of the sources, streamed, and cached the same way.
+  of the sources, streamed, and cached the same way; it says how far it has got, also without
+  a terminal (data/tokenizer.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -48,7 +52,8 @@ from typing import Any
 import numpy as np
 
 from blocklab.config import DataConfig, TokenizerConfig, TokenizerName
-from blocklab.data.sources import ReadStats, WorkItem, plan, read_documents, resolve_files
+from blocklab.data.cache import locked, sweep, verify, write_synced
+from blocklab.data.sources import ReadStats, WorkItem, plan, read_pieces, resolve_files
 from blocklab.data.tokenizer import (
     BLOCKLAB_SPECIALS,
     Specials,
@@ -56,15 +61,16 @@ from blocklab.data.tokenizer import (
     load_user_tokenizer,
     train_bpe,
 )
-from blocklab.errors import DataError, StorageError
+from blocklab.errors import DataError
+from blocklab.faults import maybe_fault
 from blocklab.files import set_aside, sha256_file, storage_error
 from blocklab.provenance import digest
 
 CACHE_ENV = "BLOCKLAB_DATA_CACHE"
 DEFAULT_CACHE = "outputs/.cache/data"
-FORMAT = 1
+FORMAT = 2  # 2: CRLF and lone-CR line ends read as LF
 BINARY_FRACTION = 0.01  # invalid UTF-8 sequences per byte above which a file is called out
-BATCH_CHARS = 1 << 20  # documents are encoded in batches of about this much text
+BATCH_CHARS = 1 << 18  # documents are encoded in batches of about this much text
 # Fields that change the tokens of a prepared corpus (the rest — seq_len, split, batching —
 # only change how training reads it).
 TOKEN_FIELDS = ("format", "text_key", "documents", "utf8_errors", "corpus", "hub_dataset",
@@ -101,6 +107,7 @@ def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared
     files = [] if data.hub_dataset else resolve_files(data)
     items = plan(data, files, processes(data))
     root = cache_root(data)
+    sweep(root)
     source_fp = sources_fingerprint(data, files)
     tok, specials, notes = tokenizer_for(data, tok_cfg, items, source_fp, root, log)
     for note in notes:
@@ -109,7 +116,7 @@ def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared
     fingerprint = digest({"format": FORMAT, "sources": source_fp, "tokenizer": digest(tok_json),
                           "specials": specials.to_dict()})
     final = root / fingerprint
-    with _locked(root, fingerprint):
+    with locked(root, fingerprint):
         if final.is_dir():
             problem = verify(final)
             if problem is None:
@@ -150,7 +157,7 @@ def tokenizer_for(data: DataConfig, cfg: TokenizerConfig, items: list[WorkItem],
     key = digest({"sources": source_fp, "vocab_size": cfg.vocab_size,
                   "sample_bytes": cfg.sample_bytes, "seed": data.seed})
     path = root / "tokenizers" / f"bpe-{key}.json"
-    with _locked(root, f"bpe-{key}"):
+    with locked(root, f"bpe-{key}"):
         if path.is_file():
             tok = Tokenizer.from_file(str(path))
             tok.encode_special_tokens = True
@@ -158,23 +165,25 @@ def tokenizer_for(data: DataConfig, cfg: TokenizerConfig, items: list[WorkItem],
         sample = _sample(items, data, cfg.sample_bytes)
         log(f"tokenizer: training a byte-level BPE (vocab {cfg.vocab_size}) on a sample of at "
             f"most {cfg.sample_bytes / 1e6:.0f} MB of the sources ...")
-        tok = train_bpe(cfg, sample, progress=sys.stderr.isatty())
+        tok = train_bpe(cfg, sample, progress=sys.stderr.isatty(), log=log)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tmp.write_text(tok.to_str())
+        maybe_fault("publish", next(_PUBLISHED))
         tmp.replace(path)
     return tok, BLOCKLAB_SPECIALS, []
 
 
 def _sample(items: list[WorkItem], data: DataConfig, budget: int) -> Iterator[str]:
-    """Documents of the work items in a seeded order, until ``budget`` characters."""
+    """Documents of the work items in a seeded order, until ``budget`` characters (a long
+    document in pieces, never whole)."""
     order = list(range(len(items)))
     random.Random(f"bpe-sample:{data.seed}").shuffle(order)
     used = 0
     for i in order:
-        for doc in read_documents(items[i], data, ReadStats()):
-            yield doc[: budget - used]
-            used += min(len(doc), budget - used)
+        for piece, _last in read_pieces(items[i], data, ReadStats()):
+            yield piece[: budget - used]
+            used += min(len(piece), budget - used)
             if used >= budget:
                 return
 
@@ -190,17 +199,22 @@ def dtype_for(vocab_size: int) -> np.dtype:
 def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: Specials,
            log) -> None:
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # killed while holding our lock
+        shutil.rmtree(stale, ignore_errors=True)
     dtype = dtype_for(tok.get_vocab_size())
     task = Task(tok.to_str(), data, specials, str(dtype), str(tmp))
     t0, stats, tokens = time.perf_counter(), ReadStats(), 0
     files: dict[str, dict[str, Any]] = {}
     try:
         tmp.mkdir(parents=True)
-        for result in _run(task, items, data.num_proc, log):
+        for n, result in enumerate(_run(task, items, data.num_proc, log), 1):
             stats.add(result.stats)
             tokens += result.tokens
             files.update(result.files)
+            maybe_fault("shard", n)
+        if not stats.documents and not stats.empty_dropped:
+            raise DataError(f"data error: data.files: no documents at all — no lines, records "
+                            f"or rows ({_where(items)})")
         if not stats.documents:
             raise DataError(f"data error: data.files: all {stats.empty_dropped} documents are "
                             f"empty or whitespace only ({_where(items)})")
@@ -216,11 +230,12 @@ def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: 
                 "bytes": stats.bytes, "seconds": round(seconds, 3),
                 "specials": specials.to_dict(), "vocab_size": tok.get_vocab_size(),
                 "data": {k: getattr(data, k) for k in TOKEN_FIELDS}}
-        _write(tmp / "tokenizer.json", tok.to_str().encode(), files)
-        _write(tmp / "meta.json", json.dumps(meta, indent=2, default=str).encode(), files)
-        _write(tmp / "manifest.json", json.dumps({"files": files}, indent=2).encode(), {})
+        write_synced(tmp / "tokenizer.json", tok.to_str().encode(), files)
+        write_synced(tmp / "meta.json", json.dumps(meta, indent=2, default=str).encode(), files)
+        write_synced(tmp / "manifest.json", json.dumps({"files": files}, indent=2).encode(), {})
         if final.exists():  # only a corrupt copy set aside can have been here: gone now
             shutil.rmtree(final)
+        maybe_fault("publish", next(_PUBLISHED))
         tmp.rename(final)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -306,19 +321,14 @@ def _init(task: Task) -> None:
 def _work(args: tuple[int, WorkItem]) -> ShardResult:
     index, item = args
     task, tok = _TASK["task"], _TASK["tok"]
-    sp, dtype = task.specials, np.dtype(task.dtype)
     stats, lengths = ReadStats(), []
     out = Path(task.out)
     tokens_path, docs_path = out / f"tokens-{index:05d}.bin", out / f"docs-{index:05d}.npy"
     h = hashlib.sha256()
     total = 0
     with tokens_path.open("wb") as f:
-        for batch in _text_batches(read_documents(item, task.data, stats)):
-            ids: list[int] = []
-            for enc in tok.encode_batch(batch, add_special_tokens=False):
-                ids += (sp.bos, *enc.ids, sp.eos)
-                lengths.append(len(enc.ids) + 2)
-            data = np.asarray(ids, dtype=dtype).tobytes()
+        for ids in _encoded(tok, read_pieces(item, task.data, stats), task, lengths):
+            data = ids.tobytes()
             _write_tokens(f, data)
             h.update(data)
             total += len(ids)
@@ -335,12 +345,34 @@ def _write_tokens(f, data: bytes) -> None:
     f.write(data)
 
 
-def _text_batches(docs: Iterator[str]) -> Iterator[list[str]]:
-    batch: list[str] = []
-    size = 0
-    for d in docs:
-        batch.append(d)
-        size += len(d)
+def _encoded(tok, pieces: Iterator[tuple[str, bool]], task: Task, lengths: list[int]
+             ) -> Iterator[np.ndarray]:
+    """The ids of the documents' pieces (each document ``bos ids eos``), an array per batch of
+    about BATCH_CHARS characters; the length of each document that ends goes to ``lengths``."""
+    sp, dtype = task.specials, np.dtype(task.dtype)
+    open_len = 0  # ids of the document in progress so far
+    for batch in _piece_batches(pieces):
+        runs: list[Any] = []
+        encs = tok.encode_batch_fast([text for text, _, _ in batch], add_special_tokens=False)
+        for (_, first, last), enc in zip(batch, encs, strict=True):
+            ids = enc.ids
+            runs += [(sp.bos,)] * first + [ids] + [(sp.eos,)] * last
+            open_len += len(ids) + first + last
+            if last:
+                lengths.append(open_len)
+                open_len = 0
+        n = sum(map(len, runs))
+        yield np.fromiter(itertools.chain.from_iterable(runs), dtype=dtype, count=n)
+
+
+def _piece_batches(pieces: Iterator[tuple[str, bool]]
+                   ) -> Iterator[list[tuple[str, bool, bool]]]:
+    """``(text, first, last)`` pieces in batches of about BATCH_CHARS characters."""
+    batch: list[tuple[str, bool, bool]] = []
+    size, first = 0, True
+    for text, last in pieces:
+        batch.append((text, first, last))
+        size, first = size + len(text), last
         if size >= BATCH_CHARS:
             yield batch
             batch, size = [], 0
@@ -348,55 +380,15 @@ def _text_batches(docs: Iterator[str]) -> Iterator[list[str]]:
         yield batch
 
 
-# --------------------------------------------------------------------------- files and locks
+# ------------------------------------------------------------------------------------ files
 
-
-def verify(path: Path) -> str | None:
-    """None when every file of a prepared corpus matches its manifest, else what is wrong."""
-    try:
-        files = json.loads((path / "manifest.json").read_text())["files"]
-    except (OSError, ValueError, KeyError):
-        return "no readable manifest.json (incomplete)"
-    for name, info in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"{name} missing"
-        if f.stat().st_size != info["bytes"]:
-            return f"{name} truncated or grown ({f.stat().st_size:,} of {info['bytes']:,} bytes)"
-        if sha256_file(f) != info["sha256"]:
-            return f"{name} sha256 mismatch (corrupted)"
-    return None
+_PUBLISHED = itertools.count(1)  # renames into place by this process (fault point publish:N)
 
 
 def _load(path: Path, fingerprint: str) -> Prepared:
     meta = json.loads((path / "meta.json").read_text())
     return Prepared(path, fingerprint, (path / "tokenizer.json").read_text(),
                     Specials.from_dict(meta["specials"]), meta)
-
-
-def _write(path: Path, data: bytes, files: dict[str, dict[str, Any]]) -> None:
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    if files is not None:
-        files[path.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-@contextlib.contextmanager
-def _locked(root: Path, name: str) -> Iterator[None]:
-    """Processes preparing the same thing take turns (the kernel lock dies with its holder)."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root / f".{name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise StorageError(e.errno, f"I/O error: data cache {root}: not writable "
-                           f"({e.strerror}); set data.cache_dir") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _where(items: list[WorkItem]) -> str:

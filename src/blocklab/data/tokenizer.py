@@ -12,8 +12,12 @@ travel with the tokenizer into collators, objectives, probes and checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Iterator
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -75,17 +79,83 @@ def byte_tokenizer() -> Any:
     return _byte_level(Tokenizer(models.BPE(vocab=vocab, merges=[])), add_specials=True)
 
 
-def train_bpe(cfg: TokenizerConfig, documents: Iterable[str], *, progress: bool = False) -> Any:
+LONG_WORD = 512  # BPE training: a longer run without a space (or of spaces) is cut into pieces
+HEARTBEAT_S = 30.0  # BPE training without a progress bar: a line this often
+_LONG_RUN = re.compile(rf"(?<!\S)\S{{{LONG_WORD + 1},}}|(?<!\s)\s{{{LONG_WORD + 1},}}")
+
+
+def train_bpe(cfg: TokenizerConfig, documents: Iterable[str], *, progress: bool = False,
+              log: Callable[[str], None] | None = None) -> Any:
     """A byte-level BPE of ``cfg.vocab_size`` (blocklab's specials included) trained on the
-    given documents, consumed as a stream."""
+    given documents, consumed as a stream.
+
+    A run of more than LONG_WORD characters without a space (or of spaces) is cut into pieces
+    of at most that for training: the trainer's time grows with the square of a word's length
+    (a sample that is one 20 MB "word" ran for hours), and such a run teaches nothing about
+    words; the merges learned encode it all the same. ``log`` gets a line when the sample is
+    read (saying what was cut) and when training ends, and — without a progress bar
+    (``progress``) — one every HEARTBEAT_S seconds while it runs."""
     from tokenizers import Tokenizer, models, trainers
 
     tok = _byte_level(Tokenizer(models.BPE()), add_specials=False)
     trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, special_tokens=list(SPECIALS),
                                   initial_alphabet=_alphabet(), show_progress=progress)
-    tok.train_from_iterator(_batches(documents), trainer=trainer)
+    seen = {"chars": 0, "run_chars": 0, "read": False}
+    t0 = time.perf_counter()
+    texts = _bounded_words(documents, seen, log)
+    with _heartbeat(None if progress else log, seen, t0):
+        tok.train_from_iterator(_batches(texts), trainer=trainer)
+    if log is not None:
+        log(f"tokenizer: trained a BPE of {tok.get_vocab_size():,} tokens in "
+            f"{time.perf_counter() - t0:.1f} s")
     tok.encode_special_tokens = True
     return tok
+
+
+def _bounded_words(documents: Iterable[str], seen: dict[str, Any],
+                   log: Callable[[str], None] | None) -> Iterator[str]:
+    """The documents, with every run of more than LONG_WORD characters without a space (or
+    of spaces) cut into pieces (each piece is pre-tokenized on its own); counts to ``seen``."""
+    for doc in documents:
+        seen["chars"] += len(doc)
+        start = 0
+        for m in _LONG_RUN.finditer(doc):
+            seen["run_chars"] += m.end() - m.start()
+            for cut in range(m.start() + LONG_WORD, m.end(), LONG_WORD):
+                yield doc[start:cut]
+                start = cut
+        yield doc[start:] if start else doc
+    seen["read"] = True
+    if log is not None:
+        cut = (f"; {seen['run_chars'] / 1e6:.1f} MB of it in runs of over {LONG_WORD} "
+               f"characters without a space, cut into pieces of at most {LONG_WORD} for "
+               "training" if seen["run_chars"] else "")
+        log(f"tokenizer: sample read ({seen['chars'] / 1e6:.1f} MB){cut}; computing merges ...")
+
+
+@contextlib.contextmanager
+def _heartbeat(log: Callable[[str], None] | None, seen: dict[str, Any], t0: float
+               ) -> Iterator[None]:
+    """A line to ``log`` every HEARTBEAT_S seconds until the block ends (the trainer
+    releases the GIL), so training without a terminal is never silent for long."""
+    if log is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            what = ("computing merges" if seen["read"] else
+                    f"reading the sample ({seen['chars'] / 1e6:.1f} MB so far)")
+            log(f"tokenizer: {what} ... {time.perf_counter() - t0:.0f} s")
+
+    thread = threading.Thread(target=beat, name="bpe-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def load_user_tokenizer(path: str | Path) -> tuple[Any, Specials, list[str]]:

@@ -1,42 +1,60 @@
-"""Evaluate a checkpoint on its own: rebuild model, tokenizer and data stream from the
-checkpoint's stored config (plain data, never instantiated) and report validation loss and
-probes. The data streams (data/streams.py) and the objective (objectives.py) are built by the
-same functions training uses, so the validation loss equals the one the run logged."""
+"""Evaluate a checkpoint on its own: rebuild model and tokenizer from the checkpoint (read,
+verified and loaded once; its stored config plain data, never resolved or instantiated) and
+report validation loss and probes. The data streams (data/streams.py) and the objective
+(objectives.py) are built by the same functions training uses, so the validation loss equals the
+one the run logged; which data it is computed on, and which files that opens, is
+eval/rundata.py's (``run_data``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, validate_probe_spec, validate_run_probe_spec
+from blocklab.config.stored import stored_config
 from blocklab.provenance import config_hash, digest
 
 
 def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
-    """The checkpoint's training config, checked against today's schema."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), meta["config"]))
+    """A checkpoint's training config, checked as data (``config/stored.py``)."""
+    return stored_config(meta.get("config"), "checkpoint metadata")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 @torch.no_grad()
-def validation_loss(path: str | Path, *, batches: int | None = None,
-                    batch_size: int | None = None, out_dir: str | Path | None = None
-                    ) -> dict[str, Any]:
+def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = None,
+                    batch_size: int | None = None, out_dir: str | Path | None = None,
+                    run_data: str = "auto", model: torch.nn.Module | None = None,
+                    dest: str | Path | None = None) -> dict[str, Any]:
     """The checkpoint's validation loss on its run's validation stream, written to
-    ``out_dir/val.json`` (default ``<run dir>/eval/<checkpoint>/val.json``)."""
+    ``out_dir/val.json`` (default ``<run dir>/eval/<checkpoint>/val.json``); ``val_loss`` is
+    None, with the reason in ``skipped``, where ``run_data`` (eval/rundata.py) says not to.
+    ``target`` may be a checkpoint read already (and ``model`` its model); ``dest`` is where a
+    prepared corpus may be cached (default: ``out_dir``'s, else ``<run dir>/eval``)."""
     from blocklab.data.datamodule import ExampleSource, ResumableBatches
-    from blocklab.data.streams import build_streams
+    from blocklab.eval.rundata import run_streams
     from blocklab.objectives import build_objective
 
-    path = ckpt.resolve(path)
-    model, _, meta = ckpt.load_model(path)
-    tc = stored_train_config(meta)
-    streams = build_streams(tc.data, tc.tokenizer)
+    loaded = target if isinstance(target, ckpt.Loaded) else ckpt.read(target)
+    meta, tc = loaded.meta, loaded.config
+    result = {"checkpoint": str(loaded.path), "step": meta["step"], "val_loss": None,
+              "val_targets": 0, "arch_hash": meta["arch_hash"]}
+    dest = Path(dest or out_dir or loaded.run_dir / "eval")
+    streams, skipped = run_streams(loaded, run_data, dest, log=_stderr)
+    if streams is None:
+        return {**result, "skipped": skipped}
+    if model is None:
+        model, _ = ckpt.model_of(loaded)
     objective = build_objective(tc.model.family.name, tc.data, streams.specials)
     source = ExampleSource(streams.val)
     total, count = 0.0, 0
@@ -44,46 +62,46 @@ def validation_loss(path: str | Path, *, batches: int | None = None,
                                        stop=batches or tc.data.val_batches):
         out = objective.loss(model, objective.collate([source[k] for k in batch_keys]))
         total, count = total + float(out.total), count + int(out.count)
-    result = {"checkpoint": str(path), "step": meta["step"], "val_loss": total / max(count, 1),
-              "val_targets": count, "arch_hash": meta["arch_hash"]}
-    out_dir = Path(out_dir) if out_dir is not None else path.parent.parent / "eval" / path.name
+    result.update(val_loss=total / max(count, 1), val_targets=count)
+    out_dir = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "val.json").write_text(json.dumps(result, indent=2))
     return result
 
 
 def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = None,
-                        batch_size: int | None = None, out: str | Path | None = None):
+                        batch_size: int | None = None, out: str | Path | None = None,
+                        run_data: str = "auto"):
     """``blocklab-eval ckpt=...``: validation loss, then the probes (when ``spec`` is enabled).
     With ``out`` every output goes there (``val.json``, and the probe files in
     ``<spec>-<spec hash>/``) and the run directory is only read; without it they
     go under the run directory, which is then held like a training process holds it (one
-    owner at a time). Everything is checked — probe grid against the run's vocabulary, the
-    destination writable, the run free — before the first file is written."""
-    import contextlib
-
-    from blocklab.config import validate_run_probe_spec
+    owner at a time). The checkpoint is resolved, verified and loaded once — of a run still
+    training, its newest complete checkpoint — and everything is checked (the destination
+    writable, the run free, the probe grid against the run's vocabulary) before the first
+    file is written."""
     from blocklab.runlock import run_lock, writable_dir
 
-    path = ckpt.resolve(target)
-    stored = path / ckpt.META  # the metadata without unpickling the state
-    meta = json.loads(stored.read_text()) if stored.is_file() else ckpt.metadata(path)
-    if spec.enabled:
-        validate_run_probe_spec(spec, stored_train_config(meta))
-    run_dir = path.parent.parent
     if out is not None:
         owner = contextlib.nullcontext(writable_dir(out, "out="))
     else:
+        run_dir = ckpt.run_dir_of(target)
         owner = run_lock(writable_dir(run_dir, "run directory"), "eval")
     with owner:
-        if meta.get("imported"):  # a pretrained model: no training data to validate on
-            result = {"checkpoint": str(path), "step": meta["step"], "val_loss": None,
-                      "val_targets": 0, "arch_hash": meta["arch_hash"]}
+        loaded = ckpt.read(target)
+        if spec.enabled:
+            validate_run_probe_spec(spec, loaded.config)
+        model, _ = ckpt.model_of(loaded)
+        loaded = dataclasses.replace(loaded, weights={})  # the model holds them now
+        if loaded.meta.get("imported"):  # a pretrained model: no training data to validate on
+            result = {"checkpoint": str(loaded.path), "step": loaded.meta["step"],
+                      "val_loss": None, "val_targets": 0, "arch_hash": loaded.meta["arch_hash"],
+                      "skipped": "imported (no training data: validation loss skipped)"}
         else:
-            result = validation_loss(path, batches=val_batches, batch_size=batch_size,
-                                     out_dir=out)
-        probes = (probe_checkpoint(path, spec, out=probe_out(out, spec)) if spec.enabled
-                  else None)
+            result = validation_loss(loaded, batches=val_batches, batch_size=batch_size,
+                                     out_dir=out, run_data=run_data, model=model)
+        probes = (probe_checkpoint(loaded, spec, out=probe_out(out, spec), model=model)
+                  if spec.enabled else None)
     return result, probes
 
 
@@ -179,15 +197,18 @@ def probe_dir(run_dir: Path, checkpoint_name: str, spec) -> Path:
     return Path(run_dir) / "probes" / checkpoint_name / f"{spec.name}-{spec_hash(spec)}"
 
 
-def probe_checkpoint(path: str | Path, spec, *, out: str | Path | None = None, log=print):
-    """``blocklab-eval ckpt=<path> probes=<spec>``: probe a checkpoint on its own."""
-    path = ckpt.resolve(path)
-    model, _, meta = ckpt.load_model(path)
-    tc = stored_train_config(meta)
+def probe_checkpoint(target: str | Path | ckpt.Loaded, spec, *, out: str | Path | None = None,
+                     log=print, model: torch.nn.Module | None = None):
+    """``blocklab-eval ckpt=<path> probes=<spec>``: probe a checkpoint on its own (``target``
+    may be one read already, and ``model`` its model)."""
+    loaded = target if isinstance(target, ckpt.Loaded) else ckpt.read(target)
+    if model is None:
+        model, _ = ckpt.model_of(loaded)
+    tc = loaded.config
     validate_run_probe_spec(spec, tc)  # against the run's vocabulary (enough distinct keys)
-    out_dir = Path(out) if out else probe_dir(path.parent.parent, path.name, spec)
-    return probe_model(model, tc, meta, spec, step=int(meta["step"]), checkpoint=str(path),
-                       out_dir=out_dir, log=log)
+    out_dir = Path(out) if out else probe_dir(loaded.run_dir, loaded.name, spec)
+    return probe_model(model, tc, loaded.meta, spec, step=int(loaded.meta["step"]),
+                       checkpoint=str(loaded.path), out_dir=out_dir, log=log)
 
 
 def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,

@@ -18,6 +18,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from blocklab.files import storage_error
+
 if TYPE_CHECKING:
     from blocklab.eval.probes import ProbeResult
 
@@ -32,18 +34,18 @@ def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def write(result: ProbeResult, out_dir: Path, *, train_length: int, plots: bool = True) -> None:
-    """Write into a temporary sibling, then swap it in: a crash never leaves half a report."""
+    """Write into a temporary sibling, then swap it in: a crash never leaves half a report. A
+    failed write (disk full) removes the sibling and is one :class:`StorageError` line (exit
+    6); a report already at ``out_dir`` stays as it was."""
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    files = {"cells": "cells.csv", "examples": "examples.csv", "summary": "summary.json"}
-    _csv(tmp / files["cells"], result.cells)
-    _csv(tmp / files["examples"], result.examples)
-    if plots:
-        files.update(_plots(result, tmp, train_length))
-    result.summary["files"] = files
-    (tmp / files["summary"]).write_text(json.dumps(result.summary, indent=2, default=str))
+    try:
+        files = _write_files(result, tmp, train_length, plots)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise storage_error(e, f"probe results {out_dir}", "nothing of this report was kept "
+                            "(an earlier report there is intact)") from None
     if out_dir.exists():
         old = out_dir.with_name(out_dir.name + f".old-{os.getpid()}")
         out_dir.rename(old)
@@ -53,6 +55,19 @@ def write(result: ProbeResult, out_dir: Path, *, train_length: int, plots: bool 
         tmp.rename(out_dir)
     result.out_dir = out_dir
     result.files = {k: str(out_dir / v) for k, v in files.items()}
+
+
+def _write_files(result: ProbeResult, tmp: Path, train_length: int, plots: bool
+                 ) -> dict[str, str]:
+    tmp.mkdir(parents=True)
+    files = {"cells": "cells.csv", "examples": "examples.csv", "summary": "summary.json"}
+    _csv(tmp / files["cells"], result.cells)
+    _csv(tmp / files["examples"], result.examples)
+    if plots:
+        files.update(_plots(result, tmp, train_length))
+    result.summary["files"] = files
+    (tmp / files["summary"]).write_text(json.dumps(result.summary, indent=2, default=str))
+    return files
 
 
 def _plots(result: ProbeResult, folder: Path, train_length: int) -> dict[str, str]:

@@ -5,14 +5,16 @@
     blocklab-repro receptive_field --size quick   # the CPU subset CI runs
     blocklab-repro mqar --size quick --break one-layer   # must FAIL
 
-Exit codes: 0 every expectation met, 1 an expectation missed, 2 a usage error (one line).
+Exit codes: 0 every expectation met, 1 an expectation missed, 2 a usage error or a failing
+user plugin (one line); the training errors' own codes otherwise, in one line (7: preempted or
+interrupted; the line gives the command that resumes it).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
-from pathlib import Path
 
 from blocklab.repro.experiments import NAMES, SIZES, experiment
 
@@ -67,13 +69,41 @@ def main(argv: list[str] | None = None) -> None:
     if args.seeds is not None and args.seeds < 1:
         print(f"blocklab-repro: --seeds {args.seeds}: must be >= 1", file=sys.stderr)
         sys.exit(2)
-    from blocklab.repro.runner import report, run, write
+    try:
+        passed = _run(args, exp)
+    except Exception as e:
+        code = getattr(e, "exit_code", None)  # blocklab's user errors carry their exit code
+        if not isinstance(code, int):
+            raise  # a bug: its traceback
+        print(_one_line(e, sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        sys.exit(code)
+    sys.exit(0 if passed else 1)
 
-    root = Path(args.root)  # runs are shared by every experiment: root/runs/<key>
-    out = Path(args.out) if args.out else root / args.name / (
-        args.size + (f"-break-{args.broken}" if args.broken else ""))
+
+def _run(args: argparse.Namespace, exp) -> bool:
+    from blocklab.registry import load_plugins
+
+    load_plugins()  # user components, once, before anything is trained or written
+    from blocklab.repro.runner import report, run, write
+    from blocklab.runlock import writable_dir
+
+    # both checked before anything trains; runs are shared by every experiment: root/runs/<key>
+    root = writable_dir(args.root, "--root")
+    out = writable_dir(args.out or root / args.name / (
+        args.size + (f"-break-{args.broken}" if args.broken else "")), "--out")
     outcome = run(exp, size=args.size, seeds=args.seeds, root=root, broken=args.broken,
                   log=lambda s: print(s, file=sys.stderr))
     write(exp, outcome, out)
     report(exp, outcome)
-    sys.exit(0 if outcome.passed else 1)
+    return outcome.passed
+
+
+def _one_line(e: Exception, argv: list[str]) -> str:
+    """The error's line. A preempted or interrupted arm resumes by rerunning this same command
+    (finished runs are reused, an interrupted one resumes from its checkpoint, exactly), so
+    that is the command the line names -- not the ``blocklab-train resume=`` of one arm."""
+    message = str(e.args[-1] if isinstance(e, OSError) and e.args else e).splitlines()[0]
+    if getattr(e, "exit_code", None) == 7:  # train.run.Preempted
+        message = message.split("; resume exactly with:")[0]
+        return f"{message}; resume exactly with: blocklab-repro {shlex.join(argv)}"
+    return message

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blocklab.files import write_text_atomic
+from blocklab.files import storage_error, write_text_atomic
 from blocklab.repro import checks as ck
 from blocklab.repro.experiments import Arm, Experiment
 from blocklab.repro.measure import Scalar, Tally
@@ -123,6 +123,16 @@ def table(exp: Experiment, outcome: Outcome) -> str:
 
 
 def write(exp: Experiment, outcome: Outcome, out: Path) -> None:
+    """``table.md`` and ``result.json`` into ``out``; a failed write is one StorageError line
+    (the trained runs are kept: rerunning the command only measures and writes)."""
+    try:
+        _write(exp, outcome, out)
+    except OSError as e:
+        raise storage_error(e, f"repro results {out}", "the trained runs are kept: rerun the "
+                            "same command to write them (nothing is retrained)") from None
+
+
+def _write(exp: Experiment, outcome: Outcome, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "table.md", table(exp, outcome))
     outcome.files = {"table": str(out / "table.md"), "result": str(out / "result.json")}

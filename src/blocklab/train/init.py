@@ -21,6 +21,7 @@ from torch import Tensor
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, ModelConfig, model_to_dict
+from blocklab.config.stored import refuse_instructions
 from blocklab.provenance import config_diff, digest
 
 # model keys an init_from run may change on top of its source
@@ -51,18 +52,13 @@ def read_source(target: str) -> InitSource:
                else read_pretrained(target))
         return InitSource(model_to_dict(pre.model), pre.state, pre.tokenizer, pre.specials,
                           {**pre.source, "format": pre.source["kind"], "kind": "hf"}, pre.notes)
-    path = ckpt.resolve(target)
-    state = ckpt.load(path)
-    meta = state.get("blocklab") or {}
-    if not meta:
-        raise ckpt.CheckpointError(f"checkpoint {path}: no blocklab metadata")
-    weights = {k.removeprefix("model."): v for k, v in state["state_dict"].items()
-               if k.startswith("model.")}
-    info = {"kind": "blocklab", "checkpoint": str(path), "step": meta.get("step"),
+    loaded = ckpt.read(target)  # verified; its stored config checked as data
+    meta = loaded.meta
+    info = {"kind": "blocklab", "checkpoint": str(loaded.path), "step": meta.get("step"),
             "arch_hash": meta.get("arch_hash"), "config_hash": meta.get("config_hash")}
     if meta.get("imported"):
         info["imported"] = meta["imported"]
-    return InitSource(meta["config"]["model"], weights, meta["tokenizer"],
+    return InitSource(model_to_dict(loaded.config.model), loaded.weights, meta["tokenizer"],
                       meta.get("specials") or {}, info)
 
 
@@ -86,6 +82,7 @@ def apply_init_from(cfg: DictConfig, overrides: list[str]) -> InitSource:
     """Put the source's architecture (plus the command line's compatible ``model.*`` changes)
     and, unless the command line names one, its tokenizer into ``cfg``; return the source."""
     source = read_source(cfg.init_from)
+    refuse_instructions(source.model, f"init_from={cfg.init_from}", "model")  # never resolved
     for note in source.notes:
         print(f"init_from: {note}")
     model_keys, tok_keys = _user_keys(overrides)

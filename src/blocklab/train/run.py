@@ -7,6 +7,7 @@ everything is.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_train
+from blocklab.eval.rundata import listing, record, sources_changed
 from blocklab.provenance import (
     arch_hash,
     config_diff,
@@ -60,9 +62,10 @@ def refuse_fresh_run_over_checkpoints(path: Path) -> None:
 
 
 def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change: bool,
-                 fingerprints: dict[str, str]) -> list[str]:
+                 fingerprints: dict[str, str], changed: str | None = None) -> list[str]:
     """Refuse architecture changes (every differing key listed); refuse data/tokenizer changes
-    unless allowed; return warnings for the rest."""
+    unless allowed (``changed``: which source files changed, where the checkpoint lists
+    them); return warnings for the rest."""
     diff = config_diff(meta["config"], new)
     arch = [d for d in diff if d[0].startswith("model.")]
     if arch:
@@ -71,9 +74,10 @@ def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change
                                    f"checkpoint's ({len(arch)} keys): {lines}")
     for name, value in fingerprints.items():
         if meta.get(name) != value and not allow_data_change:
+            files = f"; {changed}" if changed and name == "data_fingerprint" else ""
             raise ckpt.CheckpointError(
-                f"resume refused: {name} differs (checkpoint {meta.get(name)}, now {value}); "
-                "pass allow_data_change=true to continue on different data")
+                f"resume refused: {name} differs (checkpoint {meta.get(name)}, now {value}"
+                f"{files}); pass allow_data_change=true to continue on different data")
     notes = []
     for k, a, b in diff:
         if k in ("resume", "run_dir"):
@@ -100,39 +104,50 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
 
         init = apply_init_from(cfg, overrides or [])
     tc = validate_train(to_train_config(cfg))  # every key, before anything is written
-    resume_from, old = None, None
-    if tc.resume:
-        resume_from = ckpt.resolve(tc.resume)
-        old = ckpt.metadata(resume_from)
-        run_dir = resume_from.parent.parent
-    elif ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
-        run_dir = Path(os.environ["BLOCKLAB_RUN_DIR"])
-    else:
-        run_dir = Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
-    from blocklab.data.streams import build_streams
+    with contextlib.ExitStack() as owner:
+        resume_from, old, run_dir = _target(tc, owner)
+        from blocklab.data.streams import build_streams
 
-    streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
-    if streams.description:
-        print(f"data: {streams.description}", file=sys.stderr)
-    vocab = streams.vocab_size
-    if tc.model.vocab_size is None:  # the tokenizer decides; stored resolved in the config
-        tc.model.vocab_size = vocab
-        with open_dict(cfg):
-            cfg.model.vocab_size = vocab
-    if init is not None:
-        from blocklab.train.init import check_tokenizer
+        streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
+        if streams.description:
+            print(f"data: {streams.description}", file=sys.stderr)
+        vocab = streams.vocab_size
+        if tc.model.vocab_size is None:  # the tokenizer decides; stored resolved in the config
+            tc.model.vocab_size = vocab
+            with open_dict(cfg):
+                cfg.model.vocab_size = vocab
+        if init is not None:
+            from blocklab.train.init import check_tokenizer
 
-        check_tokenizer(init, streams.tokenizer, streams.specials.to_dict())
-    if tc.model.vocab_size < vocab:
-        raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller than "
-                          f"the tokenizer's vocabulary ({vocab})")
-    if ddp_child():  # rank 0 owns the directory and has written everything
-        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init)
-    writable_dir(run_dir, "run directory")  # the first write, once everything above is valid
-    with run_lock(run_dir, "resume" if resume_from else "train"):
-        if resume_from is None:
+            check_tokenizer(init, streams.tokenizer, streams.specials.to_dict())
+        if tc.model.vocab_size < vocab:
+            raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller "
+                              f"than the tokenizer's vocabulary ({vocab})")
+        if resume_from is None and not ddp_child():
+            writable_dir(run_dir, "run directory")  # the first write, once all above is valid
+            owner.enter_context(run_lock(run_dir, "train"))
             refuse_fresh_run_over_checkpoints(run_dir)
         return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init)
+
+
+def _target(tc: TrainConfig, owner: contextlib.ExitStack
+            ) -> tuple[Path | None, dict[str, Any] | None, Path]:
+    """(checkpoint to resume from, its metadata, run directory). A resume owns its run
+    directory first (a DDP child process: rank 0 does), then puts back what a save killed
+    between its renames moved aside — and only then chooses the checkpoint, so the newest
+    intact state is the one resumed."""
+    if not tc.resume:
+        if ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
+            return None, None, Path(os.environ["BLOCKLAB_RUN_DIR"])
+        return None, None, Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
+    run_dir = ckpt.run_dir_of(tc.resume)
+    if not run_dir.is_dir():
+        raise ckpt.CheckpointError(f"checkpoint {tc.resume}: no such file or directory")
+    if not ddp_child():
+        owner.enter_context(run_lock(writable_dir(run_dir, "run directory"), "resume"))
+        ckpt.clean_partial(run_dir)
+    loaded = ckpt.read(tc.resume)  # verified, its stored config checked as data
+    return loaded.path, loaded.meta, run_dir
 
 
 def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_from: Path | None,
@@ -143,10 +158,12 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_fro
     os.environ["BLOCKLAB_RUN_DIR"] = str(run_dir)  # inherited by DDP child processes
     plain = plain_config(cfg)
     tok_hash = text_hash(streams.tokenizer)
+    sources = record(tc.data)  # text: which files (to name those that change later)
     if old is not None:
+        changed = sources_changed(old.get("data_sources"), sources or listing(tc.data))
         for note in check_resume(old, plain, allow_data_change=tc.allow_data_change,
                                  fingerprints={"data_fingerprint": streams.fingerprint,
-                                               "tokenizer_hash": tok_hash}):
+                                               "tokenizer_hash": tok_hash}, changed=changed):
             print(f"warning: {note}", file=sys.stderr)
     meta = {
         "format_version": ckpt.FORMAT_VERSION, "config": plain,
@@ -158,13 +175,16 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_fro
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "params": count_params(tc.model), "config_hash": config_hash(plain),
     }
+    if sources is not None:
+        meta["data_sources"] = sources
     if init is not None:
         meta["init_from"] = init.info
     if not ddp_child():
         _write_run_files(run_dir, meta, old)
     try:
         return _fit(tc, run_dir, meta, streams, resume_from,
-                    init.state if init is not None and resume_from is None else None)
+                    init.state if init is not None and resume_from is None else None,
+                    start_batch=int(old["batches_seen"]) if old is not None else 0)
     finally:
         os.environ.pop("BLOCKLAB_RUN_DIR", None)
         _close_process_group()
@@ -204,7 +224,8 @@ def ddp_child() -> bool:
 
 
 def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
-         resume_from: Path | None, init_state: dict[str, Any] | None = None) -> Path:
+         resume_from: Path | None, init_state: dict[str, Any] | None = None, *,
+         start_batch: int = 0) -> Path:
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -231,8 +252,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     data = BlocklabData(streams.train, streams.val, lit.objective.collate,
                         batch_size=tc.data.batch_size, val_batches=tc.data.val_batches,
                         accumulate=t.accumulate, num_workers=tc.data.num_workers)
-    if resume_from is not None:
-        data.start_batch = int(ckpt.metadata(resume_from)["batches_seen"])
+    data.start_batch = start_batch  # batches the resumed checkpoint consumed (0: a new run)
     # Every periodic checkpoint is written (retention is BlocklabCheckpointIO's, over the whole
     # run directory); the same step saved again replaces its checkpoint, never "-v1".
     saver = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step:06d}",
