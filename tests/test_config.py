@@ -160,7 +160,7 @@ def test_local_attention_window_composes_from_the_command_line_and_is_checked():
     m = model_config(_compose("model=llama_tiny", "model.attention.window=4",
                               "model.attention.global_every=2").model)
     model = build_model(m)
-    assert [b.window for b in model.decoder.blocks] == [4, None] * (m.n_layers // 2)
+    assert [b.attn.window for b in model.decoder.blocks] == [4, None] * (m.n_layers // 2)
     for overrides, words in (
             (("model=bert_tiny", "model.attention.window=4"),
              "model.attention.window=4: must be odd for family 'encoder'"),

@@ -61,16 +61,17 @@ def test_every_model_axis_takes_a_registered_component_by_name(scratch):
     scratch("block", "pre2", PreNorm2)
     scratch("position", "nope2", type("NoPe2", (NoPosition,), {}))
     scratch("ffn", "gelu2", type("Gelu2", (GeluMLP,), {}))
-    from blocklab.model.attention import SelfAttention
+    from blocklab.model.attention import HeadLayout, SoftmaxAttention
 
-    scratch("attention", "mha2", type("MHA2", (SelfAttention,), {}))
+    scratch("attention", "mha2", type("MHA2", (HeadLayout,), {}))
+    scratch("mixer", "softmax2", type("Softmax2", (SoftmaxAttention,), {}))
     m = _model(family="decoder2", norm="layernorm2", block="pre2", position="nope2",
-               ffn="gelu2", attention="mha2")
+               ffn="gelu2", attention="mha2", mixer="softmax2")
     model = build_model(m)
     assert type(model) is Decoder2 and type(model.decoder.blocks[0]) is PreNorm2
     assert type(model.decoder.blocks[0].ffn).__name__ == "Gelu2"
-    assert type(model.decoder.blocks[0].attn).__name__ == "MHA2"
-    assert m.kv_heads == m.n_heads  # a registered attention defaults to one K/V head per head
+    assert type(model.decoder.blocks[0].attn).__name__ == "Softmax2"
+    assert m.kv_heads == m.n_heads  # a registered head layout defaults to one K/V head per head
     assert count_params(m) == sum(p.numel() for p in model.parameters())
     assert type(build_objective("decoder2", DataConfig())) is CausalLM
     out = model(torch.randint(0, m.vocab_size, (2, 5)))

@@ -54,6 +54,7 @@ AXES: dict[str, Axis] = {
     "ffn": Axis("blocklab.model.ffn", "FFNS", "model.ffn.name", "model/ffn"),
     "attention": Axis("blocklab.model.attention", "ATTENTIONS", "model.attention.name",
                       "model/attention"),
+    "mixer": Axis("blocklab.model.mixers", "MIXERS", "model.mixer.name", "model/mixer"),
     "objective": Axis("blocklab.objectives", "OBJECTIVES", "model.family.name"),
     "corpus": Axis("blocklab.data.sources", "CORPORA", "data.corpus"),
     "schedule": Axis("blocklab.train.optim", "SCHEDULES", "schedule.name", "schedule"),

@@ -28,6 +28,7 @@ from variants import STYLES, VOCAB, grid, params, tiny
 from blocklab.config import ModelConfig, PositionConfig
 from blocklab.model import build_model
 from blocklab.model.generate import _decode_step, generate
+from blocklab.registry import names
 
 DEC, ED = "decoder", "encoder_decoder"
 
@@ -43,7 +44,9 @@ def covering(variants: list[tuple[str, ModelConfig]]) -> list[tuple[str, ModelCo
         return {("family", cfg.family.name), ("position", _position(cfg)),
                 ("attention", cfg.attention.name), ("norm", cfg.norm.name),
                 ("block", cfg.block.name), ("ffn", cfg.ffn.name),
-                ("window", (cfg.attention.window, cfg.attention.global_every))}
+                ("window", (cfg.attention.window, cfg.attention.global_every)),
+                *(("mixer", n) for n in {*cfg.mixer.pattern, cfg.mixer.name}),
+                ("hybrid", tuple(cfg.mixer.pattern))}
 
     todo = set().union(*(values(n, c) for n, c in variants))
     chosen = []
@@ -85,8 +88,9 @@ def _grads(model) -> list[torch.Tensor]:
 
 def one_layer(cfg: ModelConfig) -> ModelConfig:
     """The variant with one layer per stack (tracing time grows with depth; a layer traces
-    alike at any depth), unless a window pattern needs its local and global layers."""
-    if cfg.attention.window is not None and cfg.attention.global_every:
+    alike at any depth), unless a window pattern needs its local and global layers or a
+    hybrid its layers of every mixer."""
+    if (cfg.attention.window is not None and cfg.attention.global_every) or cfg.mixer.pattern:
         return cfg
     enc = 1 if cfg.family.name == ED else None
     return replace(cfg, n_layers=1, family=replace(cfg.family, n_encoder_layers=enc))
@@ -281,13 +285,14 @@ def test_fixed_shape_mode_compiles_once_per_padded_length():
 
 
 def test_the_covering_subset_meets_every_axis_value_of_the_grid():
-    assert len(COVER) <= 16
+    assert len(COVER) <= 24
     assert {c.family.name for _, c in COVER} == {"encoder", "decoder", "encoder_decoder"}
     assert {_position(c) for _, c in COVER} == {_position(c) for _, c in grid()}
     assert len({_position(c) for _, c in COVER}) == 10
     assert {c.ffn.name for _, c in COVER} == {c.ffn.name for _, c in grid()}
     assert {c.block.name for _, c in COVER} == {c.block.name for _, c in grid()}
     assert {c.attention.window for _, c in COVER} == {3, 5, None}
+    assert {n for _, c in COVER for n in {*c.mixer.pattern, c.mixer.name}} == set(names("mixer"))
 
 
 # ---- probes and padded batches ---------------------------------------------------------------

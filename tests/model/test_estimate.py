@@ -19,8 +19,8 @@ from blocklab.config import (
     NormConfig,
     PositionConfig,
 )
-from blocklab.model.attention import KVCache
-from blocklab.model.estimate import count_params, estimate, kv_cache_bytes, matmul_params
+from blocklab.model.estimate import count_params, estimate, matmul_params
+from blocklab.model.estimate import state_bytes as kv_cache_bytes
 from blocklab.model.transformer import build_model
 from blocklab.registry import names
 
@@ -145,9 +145,9 @@ def test_kv_cache_bytes_match_real_cache(family, attention, d_head, dtype, nbyte
     cache = model.new_cache(batch, capacity, dtype=dtype)
     kv = {"mha": 4, "gqa": 2, "mqa": 1}[attention]
     head_dim = d_head or 16 // 4
-    # the cache holds the decoder's self-attention K and V: (L_dec, B, H_kv, C, D) each
-    assert tuple(cache.k.shape) == (2, batch, kv, capacity, head_dim)
-    assert cache.k.dtype == dtype
+    # the cache holds the decoder's self-attention K and V: (B, H_kv, C, D) each, per layer
+    assert [tuple(s.k.shape) for s in cache.states] == [(batch, kv, capacity, head_dim)] * 2
+    assert {s.k.dtype for s in cache.states} == {dtype}
     assert kv_cache_bytes(cfg, batch, capacity, nbytes) == cache.nbytes
     assert cache.nbytes == 2 * 2 * batch * kv * capacity * head_dim * nbytes
     est = estimate(cfg, batch=batch, seq_len=capacity, bytes_per_value=nbytes)
@@ -171,8 +171,9 @@ def test_kv_cache_worked_example_is_one_gib():
     assert kv_cache_bytes(cfg, 1, 8192, 2) == 2**30
     assert estimate(cfg, batch=1, seq_len=8192, bytes_per_value=2).kv_cache_bytes == 2**30
     # the buffers a cache of that shape allocates (on the meta device: no memory)
-    cache = KVCache(cfg.n_layers, 1, cfg.kv_heads, cfg.head_dim, 8192, dtype=torch.bfloat16,
-                    device="meta")
+    with torch.device("meta"):
+        model = build_model(cfg)
+    cache = model.new_cache(1, 8192, dtype=torch.bfloat16, device="meta")
     assert cache.nbytes == 2**30
 
 

@@ -17,11 +17,14 @@ import torch
 from variants import VOCAB, tiny
 
 from blocklab.config import AttentionConfig, ConfigError, PositionConfig, validate_model
-from blocklab.model import build_model, masks
-from blocklab.model.attention import SelfAttention
-from blocklab.model.estimate import estimate, kv_cache_bytes, table
+from blocklab.model import attention, build_model, masks
+from blocklab.model.attention import SoftmaxAttention
+from blocklab.model.estimate import estimate, table
+from blocklab.model.estimate import state_bytes as kv_cache_bytes
 from blocklab.model.generate import generate
-from blocklab.model.position import alibi_slopes
+from blocklab.model.mixer import Sequence
+from blocklab.model.position import ALiBi, NoPosition, alibi_slopes
+from blocklab.model.transformer import default_positions
 
 DEC, ENC, ED = "decoder", "encoder", "encoder_decoder"
 SCHEMES = ["none", "sinusoidal", "learned", "t5_bias", "rope", "alibi"]
@@ -67,7 +70,7 @@ def test_good_windows_validate(family, window, global_every):
     assert (m.attention.window, m.attention.global_every) == (window, global_every)
     blocks = [b for name in ("encoder", "decoder") if hasattr(model := build_model(m), name)
               for b in getattr(model, name).blocks]
-    assert [b.window for b in blocks] == [
+    assert [b.attn.window for b in blocks] == [
         masks.layer_window(window, global_every, b.layer) for b in blocks]
 
 
@@ -76,15 +79,15 @@ def test_layer_pattern_global_every_n_counts_layers_from_one():
     assert [masks.layer_window(4, 0, i) for i in range(3)] == [4, 4, 4]
     assert [masks.layer_window(None, 0, i) for i in range(3)] == [None] * 3
     model = _local(ED, window=5, global_every=2, n_layers=4)  # encoder: 3 layers, decoder: 4
-    assert [b.window for b in model.encoder.blocks] == [5, None, 5]
-    assert [b.window for b in model.decoder.blocks] == [5, None, 5, None]
+    assert [b.attn.window for b in model.encoder.blocks] == [5, None, 5]
+    assert [b.attn.window for b in model.decoder.blocks] == [5, None, 5, None]
     assert all(b.cross is not None for b in model.decoder.blocks)
 
 
 # ------------------------------------------------------------ brute force: one query at a time
 
 
-def _reference(attn: SelfAttention, x, valid, segments, positions, window, causal, alibi):
+def _reference(attn: SoftmaxAttention, x, valid, segments, positions, window, causal, alibi):
     """Per query: attention over exactly the keys the convention allows, counted in plain
     Python — same document, real, and within ``window`` counting real tokens only."""
     b, t, _ = x.shape
@@ -119,42 +122,76 @@ def _reference(attn: SelfAttention, x, valid, segments, positions, window, causa
     return attn.out(out.flatten(2))
 
 
-@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
-@pytest.mark.parametrize("window", [1, 3, 5])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_windowed_attention_equals_a_per_query_brute_force(causal, window, alibi):
-    """Row 0 left-padded, row 1 with padding inside, row 2 packed (3 documents): the model's
-    windowed SDPA over the mask of masks.py equals attention computed one query at a time."""
-    torch.manual_seed(1)
-    d, h, t = 16, 2, 11
-    attn = SelfAttention(AttentionConfig(), d_model=d, n_heads=h, n_kv_heads=h,
-                         d_head=d // h).eval()
+def _windowed_case(causal: bool, window: int, alibi: bool, t: int = 11):
+    """A softmax mixer with a window, and the facts of a batch that tries every rule: row 0
+    left-padded, row 1 with padding inside, row 2 packed (3 documents)."""
+    d, h = 16, 2
+    cfg = tiny(ENC if not causal else DEC, PositionConfig(name="alibi" if alibi else "none"),
+               d_model=d, n_heads=h, window=window, max_seq_len=128)
+    attn = SoftmaxAttention(cfg, 0, causal=causal).eval()
+    torch.nn.init.normal_(attn.qkv.weight, std=0.5)
     x = torch.randn(3, t, d)
     valid = torch.ones(3, t, dtype=torch.bool)
     valid[0, :3] = False
     valid[1, [2, 5, 6]] = False
     segments = torch.zeros(3, t, dtype=torch.long)
-    segments[2, 4:] = 1
-    segments[2, 9:] = 2
-    positions = torch.where(valid, valid.long().cumsum(-1) - 1, 0)
-    positions[2] = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1])
-    bias = None
-    if alibi:
-        slopes = torch.tensor(alibi_slopes(h))
-        dist = (positions[:, None, :] - positions[:, :, None]).abs().float()
-        bias = -slopes[None, :, None, None] * dist[:, None]
-    vis = masks.self_visibility(causal=causal, q_len=t, k_len=t, key_valid=valid,
-                                q_segments=segments, k_segments=segments, bias=bias,
-                                window=window)
+    segments[2, t // 3:] = 1
+    segments[2, 2 * t // 3:] = 2
+    positions = default_positions(x, valid, segments)
+    scheme = (ALiBi if alibi else NoPosition)(cfg.position, d_model=d, d_head=d // h,
+                                              n_heads=h, max_seq_len=128, causal=causal)
+    seq = Sequence(positions=positions, valid=valid, segments=segments, causal=causal,
+                   position=scheme)
+    return attn, x, valid, segments, positions, seq
+
+
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+@pytest.mark.parametrize("window", [1, 3, 5])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_windowed_attention_equals_a_per_query_brute_force(causal, window, alibi):
+    """The softmax mixer's windowed attention over masks.py's dense mask equals attention
+    computed one query at a time, over exactly the keys the convention allows."""
+    torch.manual_seed(1)
+    attn, x, valid, segments, positions, seq = _windowed_case(causal, window, alibi)
     with torch.no_grad():
-        got = attn(x, vis, None, None, 0)
+        got = attn(x, seq, None)
         want = _reference(attn, x, valid, segments, positions, window, causal, alibi)
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
     # the reference is not trivially the global one: a wider window gives other outputs
-    wide = masks.self_visibility(causal=causal, q_len=t, k_len=t, key_valid=valid,
-                                 q_segments=segments, k_segments=segments, bias=bias)
+    attn.window = None
     with torch.no_grad():
-        assert not torch.allclose(attn(x, wide, None, None, 0)[valid], got[valid], atol=1e-3)
+        wide = attn(x, dataclasses.replace(seq, _memo={}), None)
+    assert not torch.allclose(wide[valid], got[valid], atol=1e-3)
+
+
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+@pytest.mark.parametrize(("causal", "window"), [
+    *(pytest.param(True, w, id=f"causal-w{w}") for w in (1, 2, 3, 5, 8)),
+    *(pytest.param(False, w, id=f"bidirectional-w{w}") for w in (1, 3, 5, 9))])
+def test_banded_local_attention_equals_the_dense_mask_and_the_brute_force(
+        causal, window, alibi, monkeypatch):
+    """Blocks of L queries over their band of keys (cost T·L) give the dense-mask result and
+    the per-query reference, at block sizes from the window's reach up (blocks shorter than
+    the reach would lose keys: the negative control)."""
+    torch.manual_seed(2)
+    attn, x, valid, segments, positions, seq = _windowed_case(causal, window, alibi, t=29)
+    reach = masks.band_reach(window, causal=causal)
+    with torch.no_grad():
+        monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)  # dense
+        dense = attn(x, dataclasses.replace(seq, _memo={}), None)
+        for block in sorted({max(reach, 1), reach + 3, 9}):
+            monkeypatch.setattr(attention, "MIN_BLOCK", block)
+            assert attn.block == max(reach, block) and 2 * attn.block < 29  # the banded path
+            banded = attn(x, dataclasses.replace(seq, _memo={}), None)
+            torch.testing.assert_close(banded[valid], dense[valid], atol=1e-5, rtol=0)
+        want = _reference(attn, x, valid, segments, positions, window, causal, alibi)
+    torch.testing.assert_close(banded[valid], want[valid], atol=1e-5, rtol=0)
+    if reach >= 2:  # negative control: a band of blocks shorter than the reach drops keys
+        monkeypatch.setattr(attention, "MIN_BLOCK", 1)
+        monkeypatch.setattr(SoftmaxAttention, "block", property(lambda self: reach - 1))
+        with torch.no_grad():
+            short = attn(x, dataclasses.replace(seq, _memo={}), None)
+        assert not torch.allclose(short[valid], dense[valid], atol=1e-3)
 
 
 # --------------------------------------------------------------------------- receptive field
@@ -298,9 +335,9 @@ def test_local_layers_cache_memory_is_proportional_to_the_window():
     b, hkv, dh = 3, cfg.kv_heads, cfg.head_dim
     for capacity in (40, 400):
         cache = model.new_cache(b, capacity)
-        assert tuple(cache.ring_k.shape) == (2, b, hkv, 4, dh)  # layers 1 and 3 (of 1..4)
-        assert tuple(cache.ring_v.shape) == (2, b, hkv, 4, dh)
-        assert tuple(cache.k.shape) == (2, b, hkv, capacity, dh)
+        ring, full = (b, hkv, 4, dh), (b, hkv, capacity, dh)  # layers 1 and 3 (of 1..4) local
+        assert [tuple(s.k.shape) for s in cache.states] == [ring, full, ring, full]
+        assert [tuple(s.v.shape) for s in cache.states] == [ring, full, ring, full]
         assert cache.nbytes == 2 * b * hkv * dh * 4 * (2 * capacity + 2 * 4)
         assert kv_cache_bytes(cfg, b, capacity, 4) == cache.nbytes
         assert estimate(cfg, batch=b, seq_len=capacity, bytes_per_value=4).kv_cache_bytes \
@@ -309,11 +346,12 @@ def test_local_layers_cache_memory_is_proportional_to_the_window():
     model = build_model(local)
     small, big = model.new_cache(b, 40), model.new_cache(b, 4000)
     assert small.nbytes == big.nbytes == 2 * 4 * b * hkv * dh * 4 * 4  # no capacity term
-    assert big.k.shape[0] == 0 and big.positions.numel() == 0  # no per-token metadata either
-    assert tuple(big.ring_positions.shape) == (b, 4)
+    assert list(big.books) == [("ring", 4)]  # no per-token metadata of the whole context either
+    assert tuple(big.books[("ring", 4)].positions.shape) == (b, 4)
     assert kv_cache_bytes(local, b, 4000, 4) == big.nbytes
     tight = model.new_cache(b, 2)  # fewer tokens than the window: the ring shrinks to them
-    assert tight.ring_k.shape[3] == 2 and kv_cache_bytes(local, b, 2, 4) == tight.nbytes
+    assert {s.k.shape[2] for s in tight.states} == {2}
+    assert kv_cache_bytes(local, b, 2, 4) == tight.nbytes
 
 
 def test_an_all_local_cache_decodes_past_the_window_with_a_fixed_ring():
@@ -325,11 +363,11 @@ def test_an_all_local_cache_decodes_past_the_window_with_a_fixed_ring():
         with torch.no_grad():
             full = model(ids)
             cache = model.new_cache(2, 30)
-            before = [t.data_ptr() for t in (cache.ring_k, cache.ring_v)]
+            before = [t.data_ptr() for s in cache.states for t in (s.k, s.v)]
             steps = [model(ids[:, i: i + 1], cache=cache) for i in range(30)]
         torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
-        assert [t.data_ptr() for t in (cache.ring_k, cache.ring_v)] == before
-        assert cache.ring_k.shape[3] == window - 1
+        assert [t.data_ptr() for s in cache.states for t in (s.k, s.v)] == before
+        assert {s.k.shape[2] for s in cache.states} == {window - 1}
 
 
 def test_estimate_shows_the_window():
@@ -338,7 +376,7 @@ def test_estimate_shows_the_window():
     e = estimate(cfg, batch=1, seq_len=8192, bytes_per_value=2)
     text = table(cfg, e, batch=1, seq_len=8192, bytes_per_value=2)
     assert "attention window" in text and "4096 tokens (layers 4, 8, ... global)" in text
-    assert "2 global x 8192 tokens + 6 local x 4095 ring slots" in text
+    assert "6 x softmax (local, window 4096), 2 x softmax (global)" in text
     dense = dataclasses.replace(cfg, attention=AttentionConfig())
     assert e.kv_cache_bytes * 8 * 8192 == kv_cache_bytes(dense, 1, 8192, 2) * (2 * 8192 + 6 * 4095)
     assert "attention window" not in table(dense, estimate(dense, seq_len=8192), batch=1,

@@ -19,7 +19,10 @@ from blocklab.config import (
     PositionConfig,
 )
 from blocklab.model import build_model, masks
+from blocklab.model.attention import _merge, _sdpa
 from blocklab.model.blocks import BLOCKS, Context
+from blocklab.model.mixer import Sequence
+from blocklab.model.position import NoPosition
 
 D, H, FF = 32, 4, 48
 
@@ -28,6 +31,14 @@ def _block_cfg(block: str, act: str) -> ModelConfig:
     return ModelConfig(norm=NormConfig(name="layernorm"), block=BlockConfig(name=block),
                        ffn=FFNConfig(name=f"{act}_mlp"), attention=AttentionConfig(),
                        d_model=D, n_heads=H, d_ff=FF, n_layers=1)
+
+
+def _seq(b: int, t: int, *, causal: bool, valid=None) -> Sequence:
+    """The facts of a (b, t) forward without positions, as a stack hands them to its blocks."""
+    positions = torch.arange(t).expand(b, t)
+    return Sequence(positions=positions, valid=valid, segments=None, causal=causal,
+                    position=NoPosition(PositionConfig(), d_model=D, d_head=D // H, n_heads=H,
+                                        max_seq_len=64, causal=causal))
 
 
 def _copy_common(ours, ref) -> None:
@@ -43,15 +54,14 @@ def _copy_common(ours, ref) -> None:
 def test_encoder_block_equals_torch_transformer_encoder_layer(block, act):
     ref = nn.TransformerEncoderLayer(D, H, FF, dropout=0.0, activation=act, batch_first=True,
                                      norm_first=block == "pre").eval()
-    ours = BLOCKS[block](_block_cfg(block, act), 0, cross=False).eval()
+    ours = BLOCKS[block](_block_cfg(block, act), 0, cross=False, causal=False).eval()
     ours.attn.qkv.weight.data.copy_(ref.self_attn.in_proj_weight)
     ours.attn.qkv.bias.data.copy_(ref.self_attn.in_proj_bias)
     _copy_common(ours, ref)
     x = torch.randn(3, 11, D)
     valid = torch.ones(3, 11, dtype=torch.bool)
     valid[1, 7:] = False
-    vis = masks.self_visibility(causal=False, q_len=11, k_len=11, key_valid=valid)
-    got = ours(x, Context(visibility=vis))
+    got = ours(x, Context(seq=_seq(3, 11, valid=valid, causal=False)))
     want = ref(x, src_key_padding_mask=~valid)  # torch's polarity: True = ignore
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=1e-5)
 
@@ -60,7 +70,7 @@ def test_encoder_block_equals_torch_transformer_encoder_layer(block, act):
 def test_decoder_block_equals_torch_transformer_decoder_layer(block):
     ref = nn.TransformerDecoderLayer(D, H, FF, dropout=0.0, activation="gelu", batch_first=True,
                                      norm_first=block == "pre").eval()
-    ours = BLOCKS[block](_block_cfg(block, "gelu"), 0, cross=True).eval()
+    ours = BLOCKS[block](_block_cfg(block, "gelu"), 0, cross=True, causal=True).eval()
     ours.attn.qkv.weight.data.copy_(ref.self_attn.in_proj_weight)
     ours.attn.qkv.bias.data.copy_(ref.self_attn.in_proj_bias)
     ours.cross.q.weight.data.copy_(ref.multihead_attn.in_proj_weight[:D])
@@ -72,7 +82,7 @@ def test_decoder_block_equals_torch_transformer_decoder_layer(block):
     x, mem = torch.randn(2, 9, D), torch.randn(2, 6, D)
     mem_valid = torch.ones(2, 6, dtype=torch.bool)
     mem_valid[0, 4:] = False
-    ctx = Context(visibility=masks.self_visibility(causal=True, q_len=9, k_len=9), memory=mem,
+    ctx = Context(seq=_seq(2, 9, causal=True), memory=mem,
                   cross_visibility=masks.cross_visibility(mem_valid))
     causal = nn.Transformer.generate_square_subsequent_mask(9)
     want = ref(x, mem, tgt_mask=causal, tgt_is_causal=True, memory_key_padding_mask=~mem_valid)
@@ -107,7 +117,7 @@ def test_gqa_with_as_many_kv_heads_as_query_heads_is_the_mha_path():
     q, k, v = (torch.randn(2, 4, 7, 8) for _ in range(3))
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(
-        attn._attend(q, k, v, masks.EVERYTHING),
+        attn.out(_merge(_sdpa(attn, q, k, v, masks.EVERYTHING))),
         attn.out(plain.transpose(1, 2).reshape(2, 7, 32)), atol=1e-6, rtol=0)
 
 

@@ -9,6 +9,12 @@ Local (sliding-window) attention adds one variant per family × position scheme,
 product: the patterns of ``LOCAL`` alternate (window 3 on every layer; window 5 with every
 2nd layer global) and the head layout rotates, so every family and position scheme meets a
 window shorter than the tests' sequences, in an all-local and in a mixed stack.
+
+Sequence mixers other than softmax (every registered one, the example plugin's included) add
+one variant per family that allows them × option set (``MIXER_OPTIONS``: each mixer's own
+options, rotating), with the position schemes that need no score-based layer rotating; hybrid
+stacks (``HYBRIDS``: a mixer pattern per layer) add one variant per family that allows every
+mixer of the pattern, with rotary or ALiBi positions (their softmax layers use them).
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ from blocklab.config import (
     BlockConfig,
     FamilyConfig,
     FFNConfig,
+    MixerConfig,
     ModelConfig,
     NormConfig,
     PositionConfig,
     RopeScaling,
 )
-from blocklab.registry import names
+from blocklab.registry import lookup, names
 
 VOCAB = 61
 POSITIONS = [PositionConfig(name=p) for p in names("position") if p != "rope"] + [
@@ -39,9 +46,25 @@ STYLES = list(itertools.product(names("norm"), names("block"), names("ffn")))  #
 LOCAL = [(3, 0), (5, 2)]
 
 
+# Each mixer's own options, one dict per grid variant (a mixer not listed: its defaults). The
+# sizes keep every recurrent state small and the chunked forms spanning several chunks.
+MIXER_OPTIONS: dict[str, list[dict[str, object]]] = {
+    "linear": [{"feature_map": "elu", "chunk": 4}, {"feature_map": "taylor", "feature_dim": 4,
+                                                    "short_conv": 3, "chunk": 5}],
+    "gated_conv": [{"short_conv": 3, "long_conv": True}, {"short_conv": 2, "long_conv": False}],
+    "ssm": [{"d_state": 4, "expand": 2, "d_conv": 3, "chunk": 4},
+            {"d_state": 2, "expand": 1, "d_conv": 2, "chunk": 7, "dt_rank": 3}],
+}
+# Hybrid stacks: per-layer mixer patterns (repeated over the layers)
+HYBRIDS = [["linear", "softmax"], ["ssm", "gated_conv", "softmax"], ["softmax", "token_shift"]]
+# position schemes a stack without score-based layers takes
+PLAIN_POSITIONS = ["none", "sinusoidal", "learned"]
+
+
 def tiny(family: str = "decoder", position: PositionConfig | None = None,
          attention: str = "mha", style: int = 0, window: int | None = None,
-         global_every: int = 0, **sizes: object) -> ModelConfig:
+         global_every: int = 0, mixer: MixerConfig | None = None,
+         **sizes: object) -> ModelConfig:
     norm, block, ffn = STYLES[style % len(STYLES)]
     kw = {"vocab_size": VOCAB, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 40,
           "max_seq_len": 64, **sizes}
@@ -55,6 +78,7 @@ def tiny(family: str = "decoder", position: PositionConfig | None = None,
         attention=AttentionConfig(name=attention, n_kv_heads=ATTENTIONS[attention],
                                   bias=style % 2 == 1, scale=1.0 if style % 6 == 3 else None,
                                   window=window, global_every=global_every),
+        mixer=mixer or MixerConfig(),
         tie_embeddings=style % 2 == 0,
         # the options imported models need, rotating through the grid too
         embed_norm=style % 4 == 1, type_vocab_size=2 if style % 5 == 2 else 0,
@@ -64,16 +88,70 @@ def tiny(family: str = "decoder", position: PositionConfig | None = None,
 
 
 def _label(family: str, pos: PositionConfig, attention: str, style: int,
-           local: tuple[int, int] | None = None) -> str:
+           local: tuple[int, int] | None = None, mixer: str = "") -> str:
     p = pos.name if pos.name != "rope" else f"rope-{pos.scaling.value}"
     norm, block, ffn = STYLES[style % len(STYLES)]
     w = "" if local is None else f"-w{local[0]}" + (f"g{local[1]}" if local[1] else "")
-    return f"{family}-{p}-{attention}-{norm}-{block}-{ffn}{w}"
+    return f"{family}-{p}-{attention}-{norm}-{block}-{ffn}{w}{mixer and '-' + mixer}"
+
+
+def _encoder_mixers(family: str, mixers: list[str]) -> list[str] | None:
+    """``model.mixer.encoder`` for ``mixers`` in ``family``: [] when every mixer also has a
+    bidirectional form (or the family has no bidirectional stack), [softmax] for the encoder
+    of an encoder–decoder whose decoder takes causal-only mixers, None when the family cannot
+    take them (an encoder-only family)."""
+    f = lookup("family", family)
+    if not f.has_bidirectional_stack or all(lookup("mixer", n).bidirectional for n in mixers):
+        return []
+    return ["softmax"] if f.can_generate else None
+
+
+def mixer_variants(*families: str) -> list[tuple[str, ModelConfig]]:
+    """One variant per non-softmax mixer × option set × family that allows it, and one per
+    hybrid pattern × family; styles, head layouts and positions rotating."""
+    out = []
+    heads = list(ATTENTIONS)
+    i = 0
+    for name in names("mixer"):
+        if name == "softmax":
+            continue
+        for k, options in enumerate(MIXER_OPTIONS.get(name, [{}])):
+            for family in families or names("family"):
+                encoder = _encoder_mixers(family, [name])
+                if encoder is None:
+                    continue
+                # a softmax encoder uses any position scheme; else one no score mixer needs
+                plain = PLAIN_POSITIONS if not encoder else [p.name for p in POSITIONS]
+                pos = next(p for p in POSITIONS if p.name == plain[i % len(plain)])
+                attention, style = heads[i % len(heads)], 7 * i + 2
+                label = f"{name}{k}" + ("-softmax_encoder" if encoder else "")
+                out.append((_label(family, pos, attention, style, mixer=label),
+                            tiny(family, pos, attention, style=style,
+                                 mixer=MixerConfig(name=name, encoder=encoder, **options))))
+                i += 1
+    registered = set(names("mixer"))
+    for pattern in HYBRIDS:
+        if not set(pattern) <= registered:
+            continue
+        options = {k: v for n in pattern for k, v in MIXER_OPTIONS.get(n, [{}])[0].items()}
+        for family in families or names("family"):
+            encoder = _encoder_mixers(family, pattern)
+            if encoder is None:
+                continue
+            pos = PositionConfig(name="rope" if i % 2 else "alibi")
+            attention, style = heads[i % len(heads)], 7 * i + 2
+            out.append((_label(family, pos, attention, style, mixer="-".join(pattern)),
+                        tiny(family, pos, attention, style=style, n_layers=len(pattern),
+                             mixer=MixerConfig(pattern=list(pattern), encoder=encoder,
+                                               **options))))
+            i += 1
+    return out
 
 
 def grid(*families: str) -> list[tuple[str, ModelConfig]]:
     """(id, config) for every family × position × head layout, styles rotating; then one
-    local-attention variant per family × position, patterns and head layouts rotating."""
+    local-attention variant per family × position, patterns and head layouts rotating; then
+    the mixer and hybrid variants (:func:`mixer_variants`)."""
     out = []
     for i, (family, pos, attention) in enumerate(
             itertools.product(families or names("family"), POSITIONS, ATTENTIONS)):
@@ -86,7 +164,7 @@ def grid(*families: str) -> list[tuple[str, ModelConfig]]:
         out.append((_label(family, pos, attention, style, local),
                     tiny(family, pos, attention, style=style, window=local[0],
                          global_every=local[1])))
-    return out
+    return out + mixer_variants(*families)
 
 
 def params(*families: str):

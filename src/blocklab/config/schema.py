@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-
-from blocklab.config.checks import _fail
+from typing import Any
 
 # ----------------------------------------------------------------------------------- choices
 # Component axes (family, norm, block, position, ffn, attention) are plain strings checked
@@ -217,6 +216,45 @@ class AttentionConfig:
     global_every: int = 0
 
 
+MIXER_FEATURE_MAPS = ("elu", "taylor")  # linear attention's feature maps
+
+
+@dataclass
+class MixerConfig:
+    """The sequence mixer of every layer: how a layer mixes information along the sequence
+    (model/mixers.py ``MIXERS``). ``softmax`` is attention (its heads, window and score scale
+    are ``model.attention``); the others keep a decode state of their own. Each built-in mixer
+    reads only its own options below; a user mixer reads ``options``."""
+
+    name: str = "softmax"  # softmax | linear | gated_conv | ssm | a registered mixer
+    # hybrid stacks: one mixer name per layer, repeated over the layers ([] = `name` on every
+    # layer), e.g. [linear, linear, linear, softmax] = every 4th layer softmax
+    pattern: list[str] = field(default_factory=list)
+    # the mixers of a bidirectional (encoder) stack, repeated over its layers ([] = as above):
+    # e.g. an encoder–decoder with softmax in the encoder and ssm in the decoder
+    encoder: list[str] = field(default_factory=list)
+    # linear attention ("Transformers are RNNs", arXiv 2006.16236; "Based", arXiv 2402.18668):
+    # feature map elu (elu(x) + 1, d_head features) | taylor (2nd-order Taylor of exp over a
+    # feature_dim projection: 1 + d + d^2 features)
+    feature_map: str = "elu"
+    feature_dim: int = 16  # taylor: query/key projection width per head
+    # linear attention and gated_conv: a short causal depthwise convolution of this many taps
+    # on the input (0 = none; gated_conv needs >= 1)
+    short_conv: int = 0
+    chunk: int = 64  # linear / ssm: chunk length of the chunked parallel form in training
+    # gated_conv ("Hungry Hungry Hippos", arXiv 2212.14052; "Hyena", arXiv 2302.10866; Zoology's
+    # BaseConv, arXiv 2312.04927): y = (W_g x) * long_conv(short_conv(W_u x)); long_conv true
+    # adds a filter over the whole context, computed by FFT
+    long_conv: bool = True
+    # ssm ("Mamba", arXiv 2312.00752): state size per channel, expansion, conv taps, dt rank
+    d_state: int = 16
+    expand: int = 2
+    d_conv: int = 4
+    dt_rank: int | None = None  # null = ceil(d_model / 16)
+    # a user mixer's own options (open on purpose: its own check() validates them)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
 @dataclass
 class ModelConfig:
     family: FamilyConfig = field(default_factory=FamilyConfig)
@@ -225,6 +263,7 @@ class ModelConfig:
     position: PositionConfig = field(default_factory=PositionConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
+    mixer: MixerConfig = field(default_factory=MixerConfig)
     vocab_size: int | None = 256  # null = the tokenizer's size (filled in by training)
     d_model: int = 64
     n_layers: int = 2
@@ -251,6 +290,19 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return resolve_kv_heads(self)
+
+    def layer_mixer(self, layer: int, causal: bool = True) -> str:
+        """The mixer name of 0-based ``layer`` of a causal or bidirectional stack
+        (``mixer.encoder`` repeated in a bidirectional stack when set, else ``mixer.pattern``
+        repeated, else ``mixer.name``)."""
+        pattern = self.mixer.pattern if causal or not self.mixer.encoder else self.mixer.encoder
+        return pattern[layer % len(pattern)] if pattern else self.mixer.name
+
+    def mixer_key(self, causal: bool = True) -> str:
+        """The config key that chose the mixers of a causal / bidirectional stack."""
+        if not causal and self.mixer.encoder:
+            return "model.mixer.encoder"
+        return "model.mixer.pattern" if self.mixer.pattern else "model.mixer.name"
 
     @property
     def encoder_layers(self) -> int:
@@ -584,13 +636,9 @@ class EstimateConfig:
 
 
 def resolve_kv_heads(m: ModelConfig) -> int:
-    """Number of K/V heads implied by ``attention.name`` (MHA/GQA/MQA) and ``n_kv_heads``."""
-    a = m.attention
-    if a.n_kv_heads is not None:
-        return a.n_kv_heads
-    if a.name == "mqa":
-        return 1
-    if a.name == "gqa":
-        raise _fail("model.attention.n_kv_heads", None, "gqa needs n_kv_heads set",
-                    "e.g. model.attention.n_kv_heads=2")
-    return m.n_heads  # mha, and any registered attention that does not say otherwise
+    """Number of K/V heads implied by the head layout (``attention.name``: MHA / GQA / MQA, or
+    a registered one) and ``n_kv_heads``: the layout decides (model/attention.py)."""
+    from blocklab.registry import lookup
+
+    layout = lookup("attention", m.attention.name, "model.attention.name")
+    return layout.kv_heads(m.attention, m.n_heads)

@@ -4,6 +4,7 @@ cross-field rule of the schema is checked here, before anything is built or writ
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from blocklab.config.checks import _check, _fail, _finite, _name, _one_of
 from blocklab.config.probes import validate_probe_spec
@@ -41,11 +42,10 @@ from blocklab.config.schema import (
     mqar_min_length,
     multihop_min_length,
     needle_min_length,
-    resolve_kv_heads,
 )
 from blocklab.errors import ConfigError
 
-MODEL_AXES = ("family", "norm", "block", "position", "ffn", "attention")
+MODEL_AXES = ("family", "norm", "block", "position", "ffn", "attention", "mixer")
 
 
 def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
@@ -70,19 +70,9 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
                     "or set model.d_head explicitly")
     if m.d_head is not None and m.d_head < 1:
         raise _fail(f"{key}.d_head", m.d_head, "must be >= 1")
-    kv = resolve_kv_heads(m)
-    kind = m.attention.name
-    if not 1 <= kv <= m.n_heads or m.n_heads % kv:
-        raise _fail(f"{key}.attention.n_kv_heads", kv,
-                    f"must be in [1, n_heads={m.n_heads}] and divide n_heads")
-    if kind == "mha" and kv != m.n_heads:
-        raise _fail(f"{key}.attention.n_kv_heads", kv, f"mha needs n_kv_heads == n_heads={m.n_heads}",
-                    "use model/attention=gqa or mqa")
-    if kind == "mqa" and kv != 1:
-        raise _fail(f"{key}.attention.n_kv_heads", kv, "mqa needs n_kv_heads == 1")
-    if kind == "gqa" and not 1 < kv < m.n_heads:
-        raise _fail(f"{key}.attention.n_kv_heads", kv,
-                    f"gqa needs 1 < n_kv_heads < n_heads={m.n_heads}", "use mha or mqa")
+    # the head layout states its own rule (model/attention.py HeadLayout.check)
+    registry.lookup("attention", m.attention.name).check(m.attention, m.n_heads,
+                                                         f"{key}.attention")
     p = m.position
     if p.name == "rope":
         if m.head_dim % 2:
@@ -117,11 +107,59 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
     family = registry.lookup("family", m.family.name, f"{key}.family.name")
     _validate_window(m, key, bidirectional=getattr(family, "has_bidirectional_stack", False),
                      stacks=family.stacks(m))
+    _validate_mixers(m, key, family)
     return m
 
 
+def _validate_mixers(m: ModelConfig, key: str, family: Any) -> None:
+    """Every layer's mixer exists, fits its stack (encoders need a bidirectional form) and
+    passes its own rules (``Mixer.check``); the position scheme and the attention window are
+    used by some layer."""
+    from blocklab import registry
+
+    for field_name in ("pattern", "encoder"):
+        for name in getattr(m.mixer, field_name):
+            registry.lookup("mixer", name, f"{key}.mixer.{field_name}")
+    used = []
+    for n_layers, _, causal in family.stacks(m):
+        where = key + m.mixer_key(causal).removeprefix("model")
+        chosen = {"name": m.mixer.name, "pattern": list(m.mixer.pattern),
+                  "encoder": list(m.mixer.encoder)}[where.rsplit(".", 1)[1]]
+        for i in range(n_layers):
+            name = m.layer_mixer(i, causal)
+            mixer = registry.lookup("mixer", name, where)
+            _check(causal or mixer.bidirectional, where, chosen,
+                   f"mixer {name!r} has no bidirectional form, and family {m.family.name!r} "
+                   "has a bidirectional stack", "choose its mixers with model.mixer.encoder "
+                   "(e.g. [softmax]), or use a causal family")
+            mixer.check(m, i, causal=causal, key=f"{key}.mixer")
+            used.append(mixer)
+    where = f"{key}.mixer.pattern" if m.mixer.pattern else f"{key}.mixer.name"
+    pattern = list(m.mixer.pattern)
+    position = registry.lookup("position", m.position.name)
+    has_bias = position.score_bias is not _base_position(position).score_bias
+    has_rotary = position.rotary is not _base_position(position).rotary
+    _check(not has_bias or any(x.uses_score_bias for x in used), f"{key}.position.name",
+           m.position.name, f"its score bias applies to score-based mixers (softmax), and no "
+           f"layer has one ({where}={pattern or m.mixer.name!r})",
+           "use model/position=none or a softmax layer")
+    _check(not has_rotary or any(x.uses_rotary for x in used), f"{key}.position.name",
+           m.position.name, f"rotary angles apply to mixers that rotate queries and keys "
+           f"(softmax), and no layer does ({where}={pattern or m.mixer.name!r})",
+           "use model/position=none or a softmax layer")
+    _check(m.attention.window is None or any(x.uses_score_bias for x in used),
+           f"{key}.attention.window", m.attention.window,
+           f"only softmax layers have a window, and no layer is softmax "
+           f"({where}={pattern or m.mixer.name!r})")
+
+
+def _base_position(position: type) -> type:
+    """The position schemes' base class (its hooks are the no-ops a scheme overrides)."""
+    return next(c for c in reversed(position.__mro__) if c.__name__ == "Position")
+
+
 def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool,
-                     stacks: list[tuple[int, bool]]) -> None:
+                     stacks: list[tuple[int, bool, bool]]) -> None:
     """Local (sliding-window) attention: ``window`` keys per query (null = global), odd where the
     family has a bidirectional stack (a centred window), ``global_every`` 0 or >= 2, only with a
     window, and making at least one layer global: ``global_every`` past every stack's depth
@@ -138,7 +176,7 @@ def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool,
            a.global_every, "must be 0 (every layer local) or >= 2 (layers n, 2n, ... global)")
     _check(a.global_every == 0 or a.window is not None, f"{key}.attention.global_every",
            a.global_every, "needs model.attention.window (null: every layer is already global)")
-    deepest = max(n for n, _ in stacks)  # a shallower stack may be all local; not every one
+    deepest = max(n for n, _, _ in stacks)  # a shallower stack may be all local; not every one
     _check(a.global_every <= deepest, f"{key}.attention.global_every", a.global_every,
            f"no layer would be global: must be <= the deepest stack's {deepest} layers "
            f"({_depths(m, key)})", "global_every: 0 makes every layer local")

@@ -1,279 +1,90 @@
-"""Attention: fused projections, MHA / GQA / MQA through ``n_kv_heads``, self- and cross-attention,
-and the preallocated KV cache. Which key a query may see is decided in masks.py only; this file
-consumes a :class:`~blocklab.model.masks.Visibility`.
+"""Softmax attention: the ``softmax`` sequence mixer (full, local/windowed, fixed-shape) with
+its decode states, cross-attention, and the head layouts (MHA / GQA / MQA). Which key a query
+may see is decided in masks.py only; this file consumes a
+:class:`~blocklab.model.masks.Visibility` from :meth:`Sequence.visibility
+<blocklab.model.mixer.Sequence.visibility>`.
 
 Shape legend: B batch, T tokens, H query heads, Hkv key/value heads, D d_head, d d_model,
-L layers, C cache capacity, S ring slots of a local (sliding-window) layer.
+C cache capacity, S ring slots of a local layer, nb blocks of L queries, K keys of a band.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.config import AttentionConfig
-from blocklab.model.masks import Visibility, layer_window, token_order
+from blocklab.config import AttentionConfig, ModelConfig
+from blocklab.config.checks import require
+from blocklab.model import masks
+from blocklab.model.cache import DecodeCache, Ring, check_no_grad, ring_slots
+from blocklab.model.mixer import Mixer, Sequence, State
 from blocklab.model.position import apply_rotary
 
-
-@dataclass(frozen=True)
-class CachedKeys:
-    """What one stack forward attends over, from :meth:`KVCache.begin`: the key metadata of
-    global layers (the whole buffer so far) and of local layers (ring slots, then the new
-    tokens), each None when the stack has no layer of that kind."""
-
-    positions: Tensor | None  # (B, Tk) global layers' key positions
-    valid: Tensor | None  # (B, Tk) bool, None = no padding so far
-    local_positions: Tensor | None  # (B, S + T) ring slots, then the new tokens
-    local_valid: Tensor | None  # (B, S + T) bool: a real token in that slot
-    local_order: Tensor | None  # (B, S + T) each key's order (index among the row's real tokens)
-    q_order: Tensor | None  # (B, T) the new tokens' orders
-    order: Tensor | None = None  # (B, Tk) global keys' orders: set, causality is by order
+#: A local layer computes attention in blocks of at least this many queries (each over its
+#: band of 2 or 3 blocks of keys) once the sequence spans more than two blocks.
+MIN_BLOCK = 32
 
 
-class KVCache:
-    """Preallocated K/V buffers for every layer of one stack, plus per-slot key metadata
-    (position ids and validity) so that relative biases and padding masks see the past.
+# ----------------------------------------------------------------------------- decode states
 
-    Global layers: decoding writes new keys at ``[length, length + T)`` of ``capacity`` slots;
-    the stack advances ``length`` once per forward. Local (sliding-window) layers
-    (``window``/``global_every``, :func:`~blocklab.model.masks.layer_window`) keep a ring of
-    ``S = min(window - 1, capacity)`` slots instead, memory proportional to the window: a
-    forward attends over the ring plus its own new keys (a transient copy), then writes each
-    row's last ``S`` real tokens into the ring (token order ``o`` -> slot ``o mod S``), with
-    their positions, orders and validity, which is all a later query's window can reach.
-    Cross-attention K/V (encoder–decoder) are computed once and kept in ``cross``.
-    The buffers are written in place, so decoding runs without autograd (``torch.no_grad`` or
-    ``torch.inference_mode``); a write that would need gradients is refused.
-    """
+class KVState(State):
+    """Every key so far: ``capacity`` slots of K and V, written at ``[length, length + T)``."""
 
-    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, d_head: int, capacity: int,
-                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 window: int | None = None, global_every: int = 0) -> None:
-        self.layer_windows = [layer_window(window, global_every, i) for i in range(n_layers)]
-        local = [w is not None for w in self.layer_windows]
-        # layer -> its index among the global (k, v) or the local (ring_k, ring_v) buffers
-        self._index = [sum(1 for other in local[:i] if other == local[i]) for i in range(n_layers)]
-        self._local = local
-        n_local = sum(local)
-        n_global = n_layers - n_local
-        self.slots = min(window - 1, capacity) if n_local else 0  # type: ignore[operator]
-        shape = (n_global, batch, n_kv_heads, capacity, d_head)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (L_global, B, Hkv, C, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        ring = (n_local, batch, n_kv_heads, self.slots, d_head)
-        self.ring_k = torch.zeros(ring, dtype=dtype, device=device)  # (L_local, B, Hkv, S, D)
-        self.ring_v = torch.zeros(ring, dtype=dtype, device=device)
-        global_capacity = capacity if n_global else 0
-        self.positions = torch.zeros(batch, global_capacity, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, global_capacity, dtype=torch.bool, device=device)
-        self.ring_positions = torch.zeros(batch, self.slots, dtype=torch.long, device=device)
-        self.ring_order = torch.zeros(batch, self.slots, dtype=torch.long, device=device)
-        self.ring_valid = torch.zeros(batch, self.slots, dtype=torch.bool, device=device)
-        # real tokens per row (kept for the local layers' token orders only)
-        self.seen = torch.zeros(batch, dtype=torch.long, device=device)
-        self.next_position = torch.zeros(batch, dtype=torch.long, device=device)
-        self._capacity = capacity
-        self.has_padding = False
-        self.length = 0
-        self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers
-        self._pending: tuple[Tensor, Tensor, Tensor] | None = None  # this forward's ring writes
-        self._views()
+    books = (("history",),)
 
-    def _views(self) -> None:
-        self._k, self._v = self.k.unbind(0), self.v.unbind(0)  # (B, Hkv, C, D) views per layer
-        self._rk, self._rv = self.ring_k.unbind(0), self.ring_v.unbind(0)  # (B, Hkv, S, D)
+    def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)  # (B, Hkv, C, D)
 
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the self-attention K/V buffers (the cache formula's quantity): the
-        global layers' ``capacity`` slots and the local layers' rings."""
-        return self.k.nbytes + self.v.nbytes + self.ring_k.nbytes + self.ring_v.nbytes
-
-    def begin(self, positions: Tensor, valid: Tensor | None) -> CachedKeys:
-        """Record the new tokens' positions/validity; return the metadata of every key that
-        global and local layers attend over in this forward."""
-        start, end = self.length, self.length + positions.shape[1]
-        if end > self.capacity:
-            raise ValueError(f"KV cache full: {end} tokens > capacity {self.capacity}")
-        b, t = positions.shape
-        real = None if valid is None else valid.bool()
-        ends = positions + 1 if real is None else torch.where(real, positions + 1, 0)
-        self.next_position = torch.maximum(self.next_position, ends.amax(-1))
-        if real is not None and not self.has_padding:
-            self.has_padding = not bool(real.all())
-        g_positions = g_valid = None
-        if self.k.shape[0]:
-            self.positions[:, start:end] = positions
-            self.valid[:, start:end] = True if real is None else real
-            g_positions = self.positions[:, :end]
-            g_valid = self.valid[:, :end] if self.has_padding else None
-        if not self.ring_k.shape[0]:  # global layers only: no token orders to keep
-            return CachedKeys(g_positions, g_valid, None, None, None, None)
-        real = torch.ones_like(positions, dtype=torch.bool) if real is None else real
-        q_order = self.seen[:, None] + token_order(valid, b, t, positions.device)  # (B, T)
-        self.seen = self.seen + real.sum(-1)
-        keys = CachedKeys(g_positions, g_valid,
-                          torch.cat((self.ring_positions, positions), 1),
-                          torch.cat((self.ring_valid, real), 1),
-                          torch.cat((self.ring_order, q_order), 1), q_order)
-        if self.slots:  # the last S real tokens of each row go to the ring, after attention
-            keep = real & (q_order >= self.seen[:, None] - self.slots)
-            rows, cols = keep.nonzero(as_tuple=True)
-            order = q_order[rows, cols]
-            slots = order % self.slots
-            self._pending = (rows, cols, slots)
-            self.ring_positions[rows, slots] = positions[rows, cols]
-            self.ring_order[rows, slots] = order
-            self.ring_valid[rows, slots] = True
-        return keys
-
-    def next_positions(self) -> Tensor:
-        """(B,) the position after each row's last real cached token (what a caller's decode
-        loop continues from when it passes no ``positions``)."""
-        return self.next_position.clone()
-
-    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store this layer's new K/V (B, Hkv, T, D); return the K/V it attends over: global
-        layers every key so far (B, Hkv, length+T, D), local layers the ring slots, then the new
-        keys (B, Hkv, S+T, D), in the order of :meth:`begin`'s metadata."""
-        if k.requires_grad:
-            raise RuntimeError("KV cache: decoding with a cache needs gradients off; wrap the "
-                               "loop in torch.no_grad() or torch.inference_mode() (generate() "
-                               "does); to train, call the model without cache=")
-        i = self._index[layer]
-        if self._local[layer]:
-            rk, rv = self._rk[i], self._rv[i]
-            keys, values = torch.cat((rk, k), 2), torch.cat((rv, v), 2)  # copies: ring is free
-            if self._pending is not None:
-                rows, cols, slots = self._pending
-                rk[rows, :, slots] = k[rows, :, cols]
-                rv[rows, :, slots] = v[rows, :, cols]
-            return keys, values
-        start, end = self.length, self.length + k.shape[2]
-        kl, vl = self._k[i], self._v[i]  # per-layer views, made once
-        kl[:, :, start:end] = k
-        vl[:, :, start:end] = v
-        return kl[:, :, :end], vl[:, :, :end]
-
-    def advance(self, n: int) -> None:
-        self.length += n
-        self._pending = None
-
-    def select(self, rows: Tensor) -> KVCache:
-        """A new cache whose row ``j`` is a copy of row ``rows[j]`` of this one (rows may repeat),
-        so several continuations of each prefix run from one prefill."""
-        new = KVCache.__new__(KVCache)
-        new.__dict__.update(self.__dict__)
-        for name in ("k", "v", "ring_k", "ring_v"):
-            setattr(new, name, getattr(self, name).index_select(1, rows))
-        for name in ("positions", "valid", "ring_positions", "ring_order", "ring_valid",
-                     "seen", "next_position"):
-            setattr(new, name, getattr(self, name).index_select(0, rows))
-        new._pending = None
-        new.cross = [None if kv is None else tuple(t.index_select(0, rows) for t in kv)
-                     for kv in self.cross]
-        new._views()
-        return new
+    def write(self, cache: DecodeCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        start, end = cache.length, cache.length + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, Tk, D)
 
 
-class StaticKVCache(KVCache):
-    """A KV cache whose every forward has the same shapes, for compiled decoding
-    (``torch.compile``, CUDA graphs): what changes from step to step lives in tensors, never in
-    Python numbers a compiled graph would specialise on.
+class RingState(State):
+    """A local layer's last ``S = min(window - 1, capacity)`` keys per row (the ring book says
+    which slot holds which token): memory proportional to the window, not the context."""
 
-    Every layer, local ones included, keeps ``capacity`` slots; a forward writes its ``T`` new
-    keys at slots ``[index, index + T)`` (``index`` a 0-d tensor, advanced in place) and
-    attends over the whole buffer, masked by slot validity (unwritten slots never are) and by
-    token order: key ``j`` is visible to query ``i`` iff ``o_j <= o_i`` (and, in a local layer,
-    ``o_i - o_j < window``), which is the causal/window rule of the growing cache. Memory is
-    ``capacity`` slots per layer (no ring for local layers); compute per step is proportional
-    to ``capacity``, not to the tokens so far, the price of one graph for every step (as
-    gpt-fast's and HF's static caches). Buffers are updated in place only (``index_copy_``,
-    ``add_``) and marked as static addresses, so CUDA-graph replays see them.
-    """
+    def __init__(self, batch: int, n_kv_heads: int, slots: int, d_head: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.books = (("ring", slots),)
+        self.k = torch.zeros(batch, n_kv_heads, slots, d_head, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)  # (B, Hkv, S, D)
 
-    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, d_head: int, capacity: int,
-                 *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 window: int | None = None, global_every: int = 0) -> None:
-        super().__init__(n_layers, batch, n_kv_heads, d_head, capacity, dtype=dtype,
-                         device=device)  # every layer gets full global buffers
-        self.layer_windows = [layer_window(window, global_every, i) for i in range(n_layers)]
-        self._has_local = any(w is not None for w in self.layer_windows)
-        self._has_global = None in self.layer_windows
-        self.order = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.index = torch.zeros((), dtype=torch.long, device=device)  # next slot to write
-        self._slots: Tensor | None = None  # this forward's slots
-        for t in self._state():
-            torch._dynamo.mark_static_address(t)
+    def write(self, cache: DecodeCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        book = cache.book(self.books[0])
+        assert isinstance(book, Ring)
+        keys, values = torch.cat((self.k, k), 2), torch.cat((self.v, v), 2)  # (B, Hkv, S+T, D)
+        if book.pending is not None:  # after the copy above: this forward still sees the ring
+            rows, cols, slots = book.pending
+            self.k[rows, :, slots] = k[rows, :, cols]
+            self.v[rows, :, slots] = v[rows, :, cols]
+        return keys, values
 
-    def _state(self) -> list[Tensor]:
-        return [self.k, self.v, self.positions, self.valid, self.order, self.index, self.seen,
-                self.next_position]
 
-    def reset(self) -> None:
-        """Empty the cache in place (same buffers, so a compiled step keeps replaying): zero
-        K/V too, so no stale value can reach a masked score as NaN."""
-        for t in self._state():
-            t.zero_()
-        self.cross = [None] * len(self.cross)
+class FixedKVState(State):
+    """``capacity`` slots written at the cache's tensor index (compiled decoding): the whole
+    buffer is attended, unwritten slots masked by the fixed book's validity and orders."""
 
-    @property
-    def length(self) -> int:  # type: ignore[override]
-        return int(self.index)
+    books = (("fixed",),)
 
-    @length.setter
-    def length(self, value: int) -> None:  # the base constructor's 0; index holds the truth
-        pass
+    def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
 
-    def begin(self, positions: Tensor, valid: Tensor | None) -> CachedKeys:
-        b, t = positions.shape
-        if not torch.compiler.is_compiling() and int(self.index) + t > self.capacity:
-            raise ValueError(f"KV cache full: {int(self.index) + t} tokens > capacity "
-                             f"{self.capacity}")
-        real = torch.ones_like(positions, dtype=torch.bool) if valid is None else valid.bool()
-        q_order = self.seen[:, None] + token_order(valid, b, t, positions.device)  # (B, T)
-        self._slots = slots = self.index + torch.arange(t, device=positions.device)
-        self.positions.index_copy_(1, slots, positions)
-        self.valid.index_copy_(1, slots, real)
-        self.order.index_copy_(1, slots, q_order)
-        self.seen.add_(real.sum(-1))
-        self.next_position.copy_(torch.maximum(self.next_position,
-                                               torch.where(real, positions + 1, 0).amax(-1)))
-        every = (self.positions, self.valid, self.order)
-        return CachedKeys(*(every[:2] if self._has_global else (None, None)),
-                          *(every if self._has_local else (None, None, None)), q_order,
-                          order=self.order if self._has_global else None)
+    def write(self, cache: DecodeCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        slots = cache.book(self.books[0]).slots
+        self.k.index_copy_(2, slots, k)
+        self.v.index_copy_(2, slots, v)
+        return self.k, self.v
 
-    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store this layer's new K/V at this forward's slots; return the whole buffers
-        (B, Hkv, C, D)."""
-        if k.requires_grad:
-            return super().write(layer, k, v)  # the base class's refusal
-        kl, vl = self._k[layer], self._v[layer]
-        kl.index_copy_(2, self._slots, k)
-        vl.index_copy_(2, self._slots, v)
-        return kl, vl
 
-    def advance(self, n: int) -> None:
-        self.index.add_(n)
-        self._slots = None
-
-    def select(self, rows: Tensor) -> StaticKVCache:
-        new = super().select(rows)
-        new.order = self.order.index_select(0, rows)
-        new.index = self.index.clone()
-        for t in new._state():
-            torch._dynamo.mark_static_address(t)
-        return new  # type: ignore[return-value]
-
+# ------------------------------------------------------------------------------------ mixers
 
 def _heads(x: Tensor, n: int) -> Tensor:
     b, t, _ = x.shape
@@ -285,77 +96,191 @@ def _merge(o: Tensor) -> Tensor:
     return o.transpose(1, 2).reshape(b, t, -1)  # (B, T, H*D)
 
 
-class _Attention(nn.Module):
-    def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
-                 d_head: int) -> None:
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
-        self.dropout = cfg.dropout
-        self.scale = cfg.scale  # None = 1/sqrt(d_head)
-        self.out = nn.Linear(n_heads * d_head, d_model, bias=cfg.bias)
-
-    @staticmethod
-    def param_count(cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
-                    d_head: int) -> int:
-        """q, k+v and output projections (fused or not) and their biases."""
-        q, kv = n_heads * d_head, 2 * n_kv_heads * d_head
-        return d_model * q + d_model * kv + q * d_model + (q + kv + d_model if cfg.bias else 0)
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, visibility: Visibility) -> Tensor:
-        o = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.n_kv_heads != self.n_heads, scale=self.scale,
-            **visibility.sdpa_kwargs(),
-        )  # (B, H, Tq, D)
-        return self.out(_merge(o))  # (B, Tq, d)
+def attention_dims(m: ModelConfig) -> dict[str, int]:
+    return {"d_model": m.d_model, "n_heads": m.n_heads, "n_kv_heads": m.kv_heads,
+            "d_head": m.head_dim}
 
 
-class SelfAttention(_Attention):
-    """Multi-head self-attention with one fused QKV projection. ``n_kv_heads < n_heads`` shares
-    each K/V head among ``n_heads / n_kv_heads`` query heads: GQA ("GQA", arXiv 2305.13245), or
-    MQA at one K/V head ("Fast Transformer Decoding", arXiv 1911.02150).
+def _sdpa(layer: nn.Module, q: Tensor, k: Tensor, v: Tensor,
+          visibility: masks.Visibility) -> Tensor:
+    """Scaled dot-product attention of ``layer`` (its dropout, score scale and head layout)
+    over ``visibility``: (B, H, Tq, D)."""
+    return F.scaled_dot_product_attention(
+        q, k, v, dropout_p=layer.dropout if layer.training else 0.0,
+        enable_gqa=layer.n_kv_heads != layer.n_heads, scale=layer.scale,
+        **visibility.sdpa_kwargs(),
+    )  # (B, H, Tq, D)
 
-    An attention component (``ATTENTIONS``) is built as ``Attention(cfg: AttentionConfig, *,
-    d_model, n_heads, n_kv_heads, d_head)`` and called as ``(x, visibility, rotary, cache,
-    layer)``; the three built-in names differ only in their K/V head count
-    (config.resolve_kv_heads)."""
 
-    def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
-                 d_head: int) -> None:
-        super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                         d_head=d_head)
-        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head, bias=cfg.bias)
+def _init_heads(layer: nn.Module, cfg: AttentionConfig, *, d_model: int, n_heads: int,
+                n_kv_heads: int, d_head: int) -> None:
+    """What self- and cross-attention share: head sizes, dropout, score scale and the output
+    projection."""
+    layer.n_heads, layer.n_kv_heads, layer.d_head = n_heads, n_kv_heads, d_head
+    layer.dropout = cfg.dropout
+    layer.scale = cfg.scale  # None = 1/sqrt(d_head)
+    layer.out = nn.Linear(n_heads * d_head, d_model, bias=cfg.bias)
 
-    def forward(self, x: Tensor, visibility: Visibility, rotary: tuple[Tensor, Tensor] | None,
-                cache: KVCache | None, layer: int) -> Tensor:
+
+class SoftmaxAttention(Mixer):
+    """Multi-head softmax self-attention with one fused QKV projection ("Attention Is All You
+    Need", arXiv 1706.03762). ``n_kv_heads < n_heads`` shares each K/V head among
+    ``n_heads / n_kv_heads`` query heads (the head layout, ``model.attention``: GQA, arXiv
+    2305.13245; MQA, arXiv 1911.02150).
+
+    A local layer (``model.attention.window`` on the layers ``global_every`` leaves local,
+    :func:`~blocklab.model.masks.layer_window`: Longformer, arXiv 2004.05150; Mistral; Gemma 2)
+    computes its scores in blocks: each block of ``L >= window - 1`` queries attends over the
+    keys of its band (the previous and its own block; encoders also the next), masked by the
+    same rules as the dense path, so training and prefill cost ``O(T · window)``, equal to the
+    dense-mask result. Decoding keeps a ring of the last ``window - 1`` keys."""
+
+    uses_score_bias = True
+    uses_rotary = True
+
+    def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
+        super().__init__(m, layer, causal=causal)
+        a = m.attention
+        _init_heads(self, a, **attention_dims(m))
+        h, hkv, d = self.n_heads, self.n_kv_heads, self.d_head
+        self.qkv = nn.Linear(m.d_model, (h + 2 * hkv) * d, bias=a.bias)
+        #: keys per query of this layer (None = global)
+        self.window = masks.layer_window(a.window, a.global_every, layer)
+
+    def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         b, t, _ = x.shape
         h, hkv = self.n_heads, self.n_kv_heads
         qkv = self.qkv(x).view(b, t, h + 2 * hkv, -1)  # (B, T, H + 2·Hkv, D)
-        if rotary is not None:  # queries and keys rotated together, token-major
-            qk = apply_rotary(qkv[:, :, : h + hkv], *rotary)
+        if seq.rotary is not None:  # queries and keys rotated together, token-major
+            qk = apply_rotary(qkv[:, :, : h + hkv], *seq.rotary)
             q, k = qk[:, :, :h], qk[:, :, h:]
         else:
             q, k = qkv[:, :, :h], qkv[:, :, h: h + hkv]
-        v = qkv[:, :, h + hkv:]
+        v = qkv[:, :, h + hkv:]  # (B, T, heads, D) each
+        if self.window is not None and t > 2 * self.block and (
+                state is None or _empty_ring(seq, state)):
+            o = self._banded(q, k, v, seq)
+            if state is not None:  # prefill: the ring still keeps this forward's last keys
+                check_no_grad(k)
+                state.write(seq.cache, k.transpose(1, 2), v.transpose(1, 2))
+            return self.out(o)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
-        if cache is not None:
-            k, v = cache.write(layer, k, v)  # (B, Hkv, Tk, D)
-        return self._attend(q, k, v, visibility)
+        if state is not None:
+            check_no_grad(k)
+            k, v = state.write(seq.cache, k, v)  # (B, Hkv, Tk, D)
+        return self.out(_merge(_sdpa(self, q, k, v, seq.visibility(self.window))))
+
+    @property
+    def block(self) -> int:
+        assert self.window is not None
+        return max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK)
+
+    def _banded(self, q: Tensor, k: Tensor, v: Tensor, seq: Sequence) -> Tensor:
+        """Local attention in blocks over bands of keys: q (B, T, H, D), k and v (B, T, Hkv,
+        D), token-major -> (B, T, H·D)."""
+        qkv = torch.cat((q, k, v), 2)  # (B, T, H + 2·Hkv, D)
+        b, t = qkv.shape[:2]
+        h, hkv, block = self.n_heads, self.n_kv_heads, self.block
+        positions, segments, valid = seq.positions, seq.segments, seq.valid
+        order = None
+        if valid is not None:  # real tokens first, so orders grow by one along the row
+            order = torch.sort((~valid.bool()).to(torch.int8), dim=1, stable=True).indices
+            qkv = qkv.gather(1, order[:, :, None, None].expand_as(qkv))
+            positions = positions.gather(1, order)
+            segments = None if segments is None else segments.gather(1, order)
+            valid = valid.bool().gather(1, order)
+        tp = -(-t // block) * block  # padded to whole blocks
+        pad = tp - t
+        real = torch.ones(b, t, dtype=torch.bool, device=qkv.device) if valid is None else valid
+        if pad:
+            qkv = F.pad(qkv, (0, 0, 0, 0, 0, pad))
+            positions = F.pad(positions, (0, pad))
+            real = F.pad(real, (0, pad), value=False)
+            segments = None if segments is None else F.pad(segments, (0, pad), value=-1)
+        nb = tp // block
+        ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
+        qb = positions.reshape(b * nb, block)
+        kb = masks.band_blocks(positions, block, causal=self.causal).reshape(b * nb, -1)
+        vis = masks.banded_visibility(causal=self.causal, window=self.window, block=block,
+                                      order=ranks, valid=real, segments=segments,
+                                      bias=seq.position.score_bias(qb, kb))
+        q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
+        kv = masks.band_blocks(qkv[:, :, h:], block, causal=self.causal)  # (B, nb, K, 2Hkv, D)
+        kv = kv.reshape(b * nb, -1, 2 * hkv, qkv.shape[-1]).transpose(1, 2)  # (B·nb, 2Hkv, K, D)
+        o = _sdpa(self, q, kv[:, :hkv], kv[:, hkv:], vis)  # (B·nb, H, L, D)
+        o = o.transpose(1, 2).reshape(b, tp, -1)[:, :t]  # (B, T, H·D)
+        if order is not None:  # back to the caller's token order
+            o = torch.empty_like(o).scatter_(1, order[:, :, None].expand_as(o), o)
+        return o
+
+    def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
+                  device: torch.device | str, static: bool = False) -> State:
+        dims = (batch, self.n_kv_heads)
+        if static:
+            return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
+        if self.window is not None:
+            return RingState(*dims, ring_slots(self.window, capacity), self.d_head,
+                             dtype=dtype, device=device)
+        return KVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
+
+    @classmethod
+    def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
+        return projection_params(m.attention, **attention_dims(m))
+
+    @classmethod
+    def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:
+        """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311) or
+        ``min(window, T)`` (a local one: the blocked computation never scores far keys)."""
+        window = masks.layer_window(m.attention.window, m.attention.global_every, layer)
+        return seq_len if window is None else min(window, seq_len)
+
+    @classmethod
+    def flops_per_token(cls, m: ModelConfig, layer: int, *, seq_len: int,
+                        causal: bool) -> float:
+        """Projections, plus scores and values over the keys a query sees: ``4 · T_k ·
+        d_attn`` (:meth:`score_keys`)."""
+        keys = cls.score_keys(m, layer, seq_len=seq_len)
+        return 2.0 * cls.param_count(m, layer, causal=causal) + 4 * keys * m.n_heads * m.head_dim
+
+    @classmethod
+    def state_bytes(cls, m: ModelConfig, layer: int, *, batch: int, seq_len: int,
+                    bytes_per_value: int) -> int:
+        """K and V of every token so far, or of the ``min(window - 1, T)`` a local layer's
+        ring keeps: ``2 · B · H_kv · d_head · bytes`` per token."""
+        window = masks.layer_window(m.attention.window, m.attention.global_every, layer)
+        tokens = seq_len if window is None else ring_slots(window, seq_len)
+        return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
 
 
-class CrossAttention(_Attention):
+def _empty_ring(seq: Sequence, state: State) -> bool:
+    """A local layer's first forward into a dynamic cache (prefill): no earlier key to see."""
+    return isinstance(state, RingState) and seq.cache is not None and seq.cache.length == 0
+
+
+def projection_params(cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
+                      d_head: int) -> int:
+    """q, k+v and output projections (fused or not) and their biases."""
+    q, kv = n_heads * d_head, 2 * n_kv_heads * d_head
+    return d_model * q + d_model * kv + q * d_model + (q + kv + d_model if cfg.bias else 0)
+
+
+class CrossAttention(nn.Module):
     """Decoder queries over encoder outputs ("Attention Is All You Need", arXiv 1706.03762).
-    The encoder's K/V are computed once per generation and kept in the cache."""
+    The encoder's K/V are computed once per generation and kept in the cache. Cross-attention
+    is softmax attention in every model; it is not a sequence mixer."""
 
     def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
                  d_head: int) -> None:
-        super().__init__(cfg, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                         d_head=d_head)
+        super().__init__()
+        _init_heads(self, cfg, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                    d_head=d_head)
         self.q = nn.Linear(d_model, n_heads * d_head, bias=cfg.bias)
         self.kv = nn.Linear(d_model, 2 * n_kv_heads * d_head, bias=cfg.bias)
 
-    def forward(self, x: Tensor, memory: Tensor, visibility: Visibility, cache: KVCache | None,
-                layer: int) -> Tensor:
+    param_count = staticmethod(projection_params)
+
+    def forward(self, x: Tensor, memory: Tensor, visibility: masks.Visibility,
+                cache: DecodeCache | None, layer: int) -> Tensor:
         q = _heads(self.q(x), self.n_heads)  # (B, H, Tq, D)
         kv = cache.cross[layer] if cache is not None else None
         if kv is None:
@@ -363,11 +288,71 @@ class CrossAttention(_Attention):
             kv = (_heads(k, self.n_kv_heads), _heads(v, self.n_kv_heads))  # (B, Hkv, S, D)
             if cache is not None:
                 cache.cross[layer] = kv
-        return self._attend(q, kv[0], kv[1], visibility)
+        return self.out(_merge(_sdpa(self, q, kv[0], kv[1], visibility)))
 
 
-ATTENTIONS: dict[str, type[nn.Module]] = {
-    "mha": SelfAttention,
-    "gqa": SelfAttention,
-    "mqa": SelfAttention,
+# ------------------------------------------------------------------------------ head layouts
+
+class HeadLayout:
+    """How query heads share key/value heads (``model.attention.name``), for every mixer that
+    has heads: ``kv_heads`` resolves the count and ``check`` states the layout's rule (the
+    validator asks the layout, so a registered one brings its own)."""
+
+    @classmethod
+    def kv_heads(cls, cfg: AttentionConfig, n_heads: int) -> int:
+        return n_heads if cfg.n_kv_heads is None else cfg.n_kv_heads
+
+    @classmethod
+    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
+        kv = cls.kv_heads(cfg, n_heads)
+        require(1 <= kv <= n_heads and n_heads % kv == 0, f"{key}.n_kv_heads", kv,
+                f"must be in [1, n_heads={n_heads}] and divide n_heads")
+
+
+class MHA(HeadLayout):
+    """One K/V head per query head."""
+
+    @classmethod
+    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
+        super().check(cfg, n_heads, key)
+        kv = cls.kv_heads(cfg, n_heads)
+        require(kv == n_heads, f"{key}.n_kv_heads", kv,
+                f"mha needs n_kv_heads == n_heads={n_heads}", "use model/attention=gqa or mqa")
+
+
+class GQA(HeadLayout):
+    """Groups of query heads share a K/V head ("GQA", arXiv 2305.13245): n_kv_heads set."""
+
+    @classmethod
+    def kv_heads(cls, cfg: AttentionConfig, n_heads: int) -> int:
+        require(cfg.n_kv_heads is not None, "model.attention.n_kv_heads", None,
+                "gqa needs n_kv_heads set", "e.g. model.attention.n_kv_heads=2")
+        return cfg.n_kv_heads  # type: ignore[return-value]
+
+    @classmethod
+    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
+        super().check(cfg, n_heads, key)
+        kv = cls.kv_heads(cfg, n_heads)
+        require(1 < kv < n_heads, f"{key}.n_kv_heads", kv,
+                f"gqa needs 1 < n_kv_heads < n_heads={n_heads}", "use mha or mqa")
+
+
+class MQA(HeadLayout):
+    """One K/V head for all query heads ("Fast Transformer Decoding", arXiv 1911.02150)."""
+
+    @classmethod
+    def kv_heads(cls, cfg: AttentionConfig, n_heads: int) -> int:
+        return 1 if cfg.n_kv_heads is None else cfg.n_kv_heads
+
+    @classmethod
+    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
+        super().check(cfg, n_heads, key)
+        kv = cls.kv_heads(cfg, n_heads)
+        require(kv == 1, f"{key}.n_kv_heads", kv, "mqa needs n_kv_heads == 1")
+
+
+ATTENTIONS: dict[str, type[HeadLayout]] = {
+    "mha": MHA,
+    "gqa": GQA,
+    "mqa": MQA,
 }

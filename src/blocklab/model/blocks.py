@@ -3,8 +3,8 @@ docstring. Norm *kind* (LayerNorm / RMSNorm) comes from norm.py; the sublayers a
 for every placement.
 
 A block component (``BLOCKS``) subclasses :class:`Block`, is built as ``Block(m: ModelConfig,
-layer, *, cross)`` and called as ``block(x, ctx)``; a placement that adds parameters of its own
-overrides :meth:`Block.param_count`."""
+layer, *, cross, causal)`` and called as ``block(x, ctx)``; a placement that adds parameters of
+its own overrides :meth:`Block.param_count` (``(m, layer, *, cross, causal)``)."""
 
 from __future__ import annotations
 
@@ -13,32 +13,32 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
-from blocklab.model.attention import CrossAttention, KVCache
+from blocklab.model.attention import CrossAttention, attention_dims
+from blocklab.model.cache import DecodeCache
 from blocklab.model.estimate import params_of
-from blocklab.model.masks import Visibility, layer_window
+from blocklab.model.masks import Visibility
+from blocklab.model.mixer import Sequence, mixer_class
 from blocklab.registry import lookup
 
 
 @dataclass
 class Context:
-    """Everything a block needs besides ``x``; built once per stack forward. A stack with local
-    (sliding-window) layers builds both self-attention visibilities once, ``visibility`` for
-    its global layers and ``local_visibility`` for its local ones (None where it has none)."""
+    """Everything a block needs besides ``x``; built once per stack forward: the facts of the
+    sequence its mixer reads (:class:`~blocklab.model.mixer.Sequence`), and for an
+    encoder–decoder's decoder the encoder output and its cross-attention visibility."""
 
-    visibility: Visibility | None
-    rotary: tuple[Tensor, Tensor] | None = None
-    cache: KVCache | None = None
+    seq: Sequence
     memory: Tensor | None = None  # encoder output (B, S, d), encoder–decoder only
     cross_visibility: Visibility | None = None
-    local_visibility: Visibility | None = None
 
-    def self_visibility(self, window: int | None) -> Visibility:
-        """The self-attention visibility of a layer with this window (None = global)."""
-        vis = self.visibility if window is None else self.local_visibility
-        if vis is None:
-            kind = "global" if window is None else f"local (window {window})"
-            raise ValueError(f"Context has no visibility for a {kind} layer")
-        return vis
+    @property
+    def cache(self) -> DecodeCache | None:
+        return self.seq.cache
+
+    def state(self, layer: int):
+        """Layer ``layer``'s decode state (None without a cache)."""
+        cache = self.seq.cache
+        return None if cache is None else cache.states[layer]
 
 
 def identity(x: Tensor) -> Tensor:
@@ -47,22 +47,20 @@ def identity(x: Tensor) -> Tensor:
 
 
 class Block(nn.Module):
-    """Sublayers shared by every placement: self-attention, optional cross-attention, FFN."""
+    """Sublayers shared by every placement: the layer's sequence mixer (``attn``: softmax
+    attention, or the mixer ``model.mixer`` gives this layer), optional cross-attention, FFN.
+    The attribute keeps the name ``attn`` so every checkpoint's parameter names stay valid."""
 
     #: Whether a stack of these blocks ends with a norm (pre-norm residual streams are unnormed).
     final_norm: bool = True
     #: Norms per sublayer (sandwich norms both input and output).
     norms_per_sublayer: int = 1
 
-    def __init__(self, m: ModelConfig, layer: int, *, cross: bool) -> None:
+    def __init__(self, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> None:
         super().__init__()
         self.layer = layer
-        #: Keys per query of this layer's self-attention (None = global): model.attention.window
-        #: on the layers model.attention.global_every leaves local (masks.layer_window).
-        self.window = layer_window(m.attention.window, m.attention.global_every, layer)
-        dims = _attention_dims(m)
-        self.attn = lookup("attention", m.attention.name)(m.attention, **dims)
-        self.cross = CrossAttention(m.attention, **dims) if cross else None
+        self.attn = mixer_class(m, layer, causal)(m, layer, causal=causal)  # the sequence mixer
+        self.cross = CrossAttention(m.attention, **attention_dims(m)) if cross else None
         self.ffn = lookup("ffn", m.ffn.name)(m.ffn, m.d_model, m.d_ff)
         make_norm = lookup("norm", m.norm.name)
         n_sub = 3 if cross else 2
@@ -73,30 +71,24 @@ class Block(nn.Module):
         self.drop = nn.Dropout(m.dropout) if m.dropout else identity
 
     @classmethod
-    def param_count(cls, m: ModelConfig, *, cross: bool) -> int:
-        """Parameters of one block, from its components' own counts."""
-        dims = _attention_dims(m)
-        attention = params_of(lookup("attention", m.attention.name), m.attention, **dims)
+    def param_count(cls, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> int:
+        """Parameters of block ``layer``, from its components' own counts."""
+        mixer = mixer_class(m, layer, causal)
+        attention = mixer.param_count(m, layer, causal=causal)
         if cross:
-            attention += params_of(CrossAttention, m.attention, **dims)
+            attention += params_of(CrossAttention, m.attention, **attention_dims(m))
         ffn = params_of(lookup("ffn", m.ffn.name), m.ffn, m.d_model, m.d_ff)
         norm = params_of(lookup("norm", m.norm.name), m.norm, m.d_model)
         return attention + ffn + (3 if cross else 2) * cls.norms_per_sublayer * norm
 
     def sublayers(self, ctx: Context) -> list:
         """The residual branches in order, each a function of its (normed) input."""
-        visibility = ctx.self_visibility(self.window)
-        subs = [lambda h: self.attn(h, visibility, ctx.rotary, ctx.cache, self.layer)]
+        subs = [lambda h: self.attn(h, ctx.seq, ctx.state(self.layer))]
         if self.cross is not None:
             subs.append(lambda h: self.cross(h, ctx.memory, ctx.cross_visibility, ctx.cache,
                                              self.layer))
         subs.append(self.ffn)
         return subs
-
-
-def _attention_dims(m: ModelConfig) -> dict[str, int]:
-    return {"d_model": m.d_model, "n_heads": m.n_heads, "n_kv_heads": m.kv_heads,
-            "d_head": m.head_dim}
 
 
 class PreNorm(Block):

@@ -10,7 +10,7 @@ left-aligned first, which changes nothing for the model because positions count 
 only and padding keys are never visible.
 
 Fixed-shape decoding (``static_cache=True``, implied by ``compile``): the prompt is prefilled
-eagerly into a :class:`~blocklab.model.attention.StaticKVCache`, then every step feeds one
+eagerly into a fixed-shape :class:`~blocklab.model.cache.DecodeCache` (``static=True``), then every step feeds one
 token per row into the same shapes (position as a tensor, write slot as a tensor), so the step
 compiles once (``torch.compile(fullgraph=True, dynamic=False)``; ``mode="reduce-overhead"``
 captures it in a CUDA graph on GPU) and is replayed for every later token and every later call
@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from blocklab.model.attention import StaticKVCache
+from blocklab.model.cache import DecodeCache
 from blocklab.model.position import positions_from_valid
 
 
@@ -104,7 +104,7 @@ _STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _COMPILED: dict[str, Callable] = {}
 
 
-def static_cache_for(model: torch.nn.Module, batch: int, tokens: int) -> StaticKVCache:
+def static_cache_for(model: torch.nn.Module, batch: int, tokens: int) -> DecodeCache:
     """The model's reusable fixed-shape cache for ``batch`` rows and at least ``tokens`` slots
     (rounded up to :data:`CAPACITY_BUCKET`), emptied; made on first use. Kept per model (a
     weak reference: the cache goes with the model)."""

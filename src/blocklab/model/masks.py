@@ -21,6 +21,15 @@ left padding and packed documents:
   rule is ``o_j <= o_i`` too, since ring slots are not in key-buffer order (and so does the
   fixed-shape cache of compiled decoding for every layer, whose buffer holds unwritten slots).
 
+Two builders apply these rules: a dense one over all ``Tq × Tk`` pairs
+(:func:`self_visibility`), and a banded one for local layers (:func:`banded_visibility`), which
+applies the *same* predicates to the keys of a query's neighbouring blocks only, so a window
+costs time and memory proportional to ``T · window`` instead of ``T²``. Recurrent mixers
+(linear attention, state spaces, convolutions) need no mask at all, only the facts the rules
+are made of: :func:`document_starts` (a packed document begins: the state restarts). A chunked
+recurrent mixer applies the same rules in chunks (:func:`chunk_visibility`): densely within a
+chunk, through its running state across chunks.
+
 A query whose row is entirely invisible (a padding query) gets an all-zero attention output from
 SDPA (torch >= 2.5), never NaN; tests guard it.
 
@@ -138,6 +147,115 @@ def self_visibility(
     if allowed is None:
         return Visibility(allowed=bias, causal=False)
     return Visibility(allowed=bias.masked_fill(~allowed, float("-inf")), causal=False)
+
+
+def document_starts(segments: Tensor, valid: Tensor | None = None) -> Tensor:
+    """(B, T) bool: the first real token of each packed document (the document rule's
+    boundaries, as a recurrent mixer sees them: its state restarts there)."""
+    real = torch.ones_like(segments, dtype=torch.bool) if valid is None else valid.bool()
+    # the segment of the previous *real* token (padding never separates or joins documents)
+    idx = torch.arange(segments.shape[1], device=segments.device).expand_as(segments)
+    last_real = torch.where(real, idx, -1).cummax(-1).values  # (B, T) index of last real <= t
+    prev = torch.cat((torch.full_like(last_real[:, :1], -1), last_real[:, :-1]), 1)
+    prev_seg = segments.gather(1, prev.clamp(min=0))
+    return real & ((prev < 0) | (prev_seg != segments))
+
+
+@dataclass(frozen=True)
+class ChunkVisibility:
+    """The causal, padding and document rules for a chunked recurrent mixer (linear
+    attention's chunked form), over blocks of ``L`` tokens: ``n`` chunks. ``carried`` and
+    ``kept`` are None when every token is real and one document fills the row (all True)."""
+
+    within: Tensor  # (B|1, n|1, L, L) bool: query i sees key j of its own chunk
+    carried: Tensor | None  # (B, n, L) bool: token i's document is the one entering its chunk
+    kept: Tensor | None  # (B, n, L) bool: key j is in the state leaving its chunk
+
+    @property
+    def continues(self) -> Tensor | None:
+        """(B, n) bool: the state entering chunk n carries on through it (no document ends
+        in it)."""
+        return None if self.carried is None else self.carried[:, :, -1]
+
+
+def chunk_visibility(docs: Tensor | None, valid: Tensor | None, chunk: int, *,
+                     strict: bool = False,
+                     device: torch.device | None = None) -> ChunkVisibility:
+    """The rules of :func:`self_visibility` for ``docs`` (B, n·L) document indices (monotone
+    along the row: documents are contiguous runs, padding takes a neighbour's; None = one
+    per row) and ``valid`` (B, n·L) real tokens (None = all), in chunks of ``L = chunk``:
+    within a chunk, query i sees key j iff ``j <= i`` (``j < i`` with ``strict``: the
+    second, reversed half of a bidirectional pass), the same document and a real key. Across
+    chunks, query i sees every visible earlier key iff its document is the one the state
+    entering its chunk holds — that of the previous chunk's last token (the first token's,
+    for chunk 0: a decode state's); and a key enters the state leaving its chunk iff it is
+    real and of the chunk's last token's document."""
+    order = torch.ones(chunk, chunk, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+    if docs is None and valid is None:
+        return ChunkVisibility(within=order[None, None], carried=None, kept=None)
+    if docs is None:
+        docs = torch.zeros_like(valid, dtype=torch.long)
+    b, n = docs.shape[0], docs.shape[1] // chunk
+    d = docs.reshape(b, n, chunk)  # (B, n, L)
+    real = (torch.ones_like(d, dtype=torch.bool) if valid is None
+            else valid.reshape(b, n, chunk))
+    within = order & (d[..., :, None] == d[..., None, :]) & real[..., None, :]  # (B, n, L, L)
+    last = d[..., -1]  # (B, n)
+    entering = torch.cat((d[:, :1, 0], last[:, :-1]), 1)  # (B, n) the state's document
+    return ChunkVisibility(within=within, carried=d == entering[..., None],
+                           kept=real & (d == last[..., None]))
+
+
+def band_reach(window: int, *, causal: bool) -> int:
+    """Keys a local query reaches on one side: ``window - 1`` back (causal) or
+    ``(window - 1) // 2`` each way (bidirectional)."""
+    return window - 1 if causal else (window - 1) // 2
+
+
+def band_blocks(x: Tensor, block: int, *, causal: bool, fill: float | int | bool = 0) -> Tensor:
+    """(B, nb·L, ...) -> (B, nb, K, ...): for every block of ``L = block`` queries, the keys it
+    may reach — the previous block and its own (causal, ``K = 2L``), or the previous, its own
+    and the next (bidirectional, ``K = 3L``); blocks beyond the ends read ``fill``. With
+    ``L >= band_reach(window)`` every key within a query's window is in its band."""
+    b, t = x.shape[:2]
+    nb = t // block
+    blocks = x.reshape(b, nb, block, *x.shape[2:])  # (B, nb, L, ...)
+    edge = torch.full_like(blocks[:, :1], fill)
+    prev = torch.cat((edge, blocks[:, :-1]), 1)
+    parts = [prev, blocks]
+    if not causal:
+        parts.append(torch.cat((blocks[:, 1:], edge), 1))
+    return torch.cat(parts, 2)  # (B, nb, K, ...)
+
+
+def banded_visibility(
+    *,
+    causal: bool,
+    window: int,
+    block: int,
+    order: Tensor,  # (B, nb·L) token orders, queries and keys alike (one forward, no cache)
+    valid: Tensor,  # (B, nb·L) bool: a real token (blocks past the end are padding)
+    segments: Tensor | None = None,  # (B, nb·L)
+    bias: Tensor | None = None,  # (B·nb, H, L, K) score bias of the blocked layout
+) -> Visibility:
+    """The window rule, the padding rule and the document rule of :func:`self_visibility`,
+    for the blocked layout of :func:`band_blocks`: (B·nb, 1, L, K) — query block ``i`` over
+    the keys of its band. Orders must grow by one per real token along the row (real tokens
+    contiguous: callers move padding to the end first), so the band holds the whole
+    window."""
+    b, t = order.shape
+    nb = t // block
+    q_order = order.reshape(b * nb, block)
+    k_order = band_blocks(order, block, causal=causal, fill=-(1 << 30)).reshape(b * nb, -1)
+    k_valid = band_blocks(valid, block, causal=causal, fill=False).reshape(b * nb, -1)
+    seg_q = seg_k = None
+    if segments is not None:
+        seg_q = segments.reshape(b * nb, block)
+        seg_k = band_blocks(segments, block, causal=causal, fill=-1).reshape(b * nb, -1)
+    return self_visibility(causal=causal, q_len=block, k_len=k_order.shape[1],
+                           key_valid=k_valid, q_segments=seg_q, k_segments=seg_k, bias=bias,
+                           window=window, q_order=q_order, k_order=k_order,
+                           device=order.device)
 
 
 def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = None,

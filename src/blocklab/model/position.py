@@ -265,14 +265,18 @@ def positions_from_valid(valid: Tensor) -> Tensor:
     return torch.where(valid.bool(), valid.long().cumsum(-1) - 1, 0)
 
 
-def positions_from_segments(segments: Tensor) -> Tensor:
-    """(B, T) positions for packed rows: restart at 0 wherever the segment id changes."""
-    b, t = segments.shape
-    idx = torch.arange(t, device=segments.device).expand(b, t)
-    start = torch.ones_like(segments, dtype=torch.bool)
-    start[:, 1:] = segments[:, 1:] != segments[:, :-1]
-    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(-1).values
-    return idx - first
+def positions_from_segments(segments: Tensor, valid: Tensor | None = None) -> Tensor:
+    """(B, T) positions for packed rows: 0 at each document's first real token, counting the
+    real tokens of the document only (padding inside or around a document never advances a
+    position, as :func:`positions_from_valid`); padding slots get 0."""
+    from blocklab.model.masks import document_starts
+
+    real = torch.ones_like(segments, dtype=torch.bool) if valid is None else valid.bool()
+    count = real.long().cumsum(-1)  # real tokens up to and including t
+    starts = document_starts(segments, valid)
+    # real tokens before the current document began: the count just before its first token
+    before = torch.where(starts, count - 1, torch.zeros_like(count)).cummax(-1).values
+    return torch.where(real, count - 1 - before, 0)
 
 
 POSITIONS: dict[str, type[Position]] = {

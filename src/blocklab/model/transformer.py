@@ -11,10 +11,9 @@ describe the sequence a model predicts over; an encoder–decoder's source side 
 names with a ``source_`` prefix.
 
 A family component (``FAMILIES``) subclasses :class:`Model` and tells the estimator its shape:
-``stacks(m)`` (layers and cross-attention per stack), ``head_param_count(m)`` and
-``cached_layers(m)`` (layers with a self-attention KV cache), and config validation whether
-it has a bidirectional stack (``has_bidirectional_stack``: a local attention window must then
-be odd).
+``stacks(m)`` (layers, cross-attention and causality per stack; the causal stack is the one a
+decode cache serves) and ``head_param_count(m)``, and config validation whether it has a bidirectional stack (``has_bidirectional_stack``: a local
+attention window must then be odd).
 """
 
 from __future__ import annotations
@@ -26,20 +25,22 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig, model_config
 from blocklab.model import masks
-from blocklab.model.attention import KVCache, StaticKVCache
 from blocklab.model.blocks import Context, identity
+from blocklab.model.cache import DecodeCache
 from blocklab.model.heads import LMHead, MLMHead
+from blocklab.model.mixer import Sequence
 from blocklab.model.position import positions_from_segments, positions_from_valid
 from blocklab.registry import lookup
 
 
 def default_positions(x: Tensor, valid: Tensor | None, segments: Tensor | None,
-                      cache: KVCache | None = None) -> Tensor:
+                      cache: DecodeCache | None = None) -> Tensor:
     """Positions when the caller gives none: per document for packed rows, counting real
-    tokens only for padded rows, else 0..T-1 — continued from each row's next position when a
-    KV cache already holds a prefix."""
+    tokens only for padded rows (padding never advances a position, inside a document
+    either), else 0..T-1 — continued from each row's next position when a cache already
+    holds a prefix."""
     if segments is not None:
-        return positions_from_segments(segments)
+        return positions_from_segments(segments, valid)
     b, t = x.shape[:2]
     pos = (positions_from_valid(valid) if valid is not None
            else torch.arange(t, device=x.device).expand(b, t))
@@ -51,72 +52,57 @@ def default_positions(x: Tensor, valid: Tensor | None, segments: Tensor | None,
 class Stack(nn.Module):
     """Position scheme + ``n_layers`` blocks (+ final norm for pre-norm placements).
 
-    Local (sliding-window) attention, ``model.attention.window``/``global_every``: each block
-    knows its window (``Block.window``, None = global); the stack builds the global and the
-    local visibility once per forward, as the layers need them (causal window in a causal
-    stack, centred window in a bidirectional one; cross-attention is never windowed)."""
+    Each forward hands every layer's sequence mixer the same facts of the sequence
+    (:class:`~blocklab.model.mixer.Sequence`: positions, valid tokens, packed documents,
+    causal or not, rotary angles, the decode cache's shared bookkeeping); a score-based mixer
+    asks it for its visibility, built once per window and forward."""
 
     def __init__(self, m: ModelConfig, n_layers: int, *, causal: bool, cross: bool) -> None:
         super().__init__()
         self.causal = causal
-        self.window = m.attention.window  # of the local layers (Block.window), None = none
         self.position = lookup("position", m.position.name)(
             m.position, d_model=m.d_model, d_head=m.head_dim, n_heads=m.n_heads,
             max_seq_len=m.max_seq_len, causal=causal)
         block = lookup("block", m.block.name)
-        self.blocks = nn.ModuleList(block(m, i, cross=cross) for i in range(n_layers))
-        self.windows = [b.window for b in self.blocks]  # per layer, None = global
-        self.has_global = None in self.windows
-        self.has_local = any(w is not None for w in self.windows)
+        self.blocks = nn.ModuleList(block(m, i, cross=cross, causal=causal)
+                                    for i in range(n_layers))
         norm = lookup("norm", m.norm.name)
         self.final_norm = norm(m.norm, m.d_model) if block.final_norm else nn.Identity()
         self.embed_norm = norm(m.norm, m.d_model) if m.embed_norm else identity
         self.drop = nn.Dropout(m.dropout) if m.dropout else identity
 
+    @property
+    def signature(self) -> tuple:
+        """What a decode cache must have been made for: each layer's mixer and window."""
+        return tuple((type(b.attn).__name__, getattr(b.attn, "window", None))
+                     for b in self.blocks)
+
+    def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype,
+                  device: torch.device | str, static: bool = False) -> DecodeCache:
+        states = [b.attn.new_state(batch, capacity, dtype=dtype, device=device, static=static)
+                  for b in self.blocks]
+        return DecodeCache(states, batch=batch, capacity=capacity, device=device,
+                           static=static, signature=self.signature)
+
     def forward(self, x: Tensor, *, positions: Tensor, valid: Tensor | None = None,
-                segments: Tensor | None = None, cache: KVCache | None = None,
+                segments: Tensor | None = None, cache: DecodeCache | None = None,
                 memory: Tensor | None = None, memory_valid: Tensor | None = None,
                 memory_segments: Tensor | None = None) -> Tensor:
         """x: (B, T, d) token embeddings -> (B, T, d) hidden states."""
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
-        t = x.shape[1]
-        common = {"causal": self.causal, "q_len": t, "device": x.device}
-        global_vis = local_vis = None
-        if cache is None:
-            bias = self.position.score_bias(positions, positions)
-            common.update(k_len=t, key_valid=valid, q_segments=segments, k_segments=segments,
-                          bias=bias)
-            if self.has_global:
-                global_vis = masks.self_visibility(**common)
-            if self.has_local:
-                local_vis = masks.self_visibility(**common, window=self.window)
-        else:
+        if cache is not None:
             if segments is not None:
                 raise ValueError("segments (packed documents) are a training-time input; a KV "
                                  "cache decodes one document per row")
-            if cache.layer_windows != self.windows:
-                raise ValueError(f"KV cache built for layer windows {cache.layer_windows}, this "
-                                 f"stack has {self.windows}; make it with model.new_cache()")
-            keys = cache.begin(positions, valid)
-            if keys.positions is not None:
-                global_vis = masks.self_visibility(
-                    **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
-                    bias=self.position.score_bias(positions, keys.positions),
-                    q_order=keys.q_order if keys.order is not None else None,
-                    k_order=keys.order)
-            if keys.local_positions is not None:
-                local_vis = masks.self_visibility(
-                    **common, k_len=keys.local_positions.shape[1], key_valid=keys.local_valid,
-                    bias=self.position.score_bias(positions, keys.local_positions),
-                    window=self.window, q_order=keys.q_order, k_order=keys.local_order)
-        ctx = Context(
-            visibility=global_vis,
-            local_visibility=local_vis,
-            rotary=self.position.rotary(positions),
-            cache=cache,
-            memory=memory,
-            cross_visibility=masks.cross_visibility(memory_valid, segments, memory_segments),
-        )
+            if cache.signature != self.signature:
+                raise ValueError(f"decode cache built for layers {cache.signature}, this "
+                                 f"stack has {self.signature}; make it with model.new_cache()")
+            cache.begin(positions, valid)
+        seq = Sequence(positions=positions, valid=valid, segments=segments, causal=self.causal,
+                       position=self.position, rotary=self.position.rotary(positions),
+                       cache=cache)
+        ctx = Context(seq=seq, memory=memory, cross_visibility=masks.cross_visibility(
+            memory_valid, segments, memory_segments) if memory is not None else None)
         for block in self.blocks:
             x = block(x, ctx)
         if cache is not None:
@@ -180,21 +166,21 @@ class Model(nn.Module):
         return stack.position.max_positions
 
     def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None, static: bool = False) -> KVCache:
-        """A preallocated KV cache for this model's (causal) decoder stack: ``capacity``
-        tokens for global layers, a ring of ``min(window - 1, capacity)`` slots for local ones;
-        ``static=True``: the fixed-shape cache of compiled decoding (``capacity`` slots for
-        every layer, :class:`~blocklab.model.attention.StaticKVCache`)."""
-        m, ref = self.config, self.embed.weight
-        kind = StaticKVCache if static else KVCache
-        return kind(len(self.decoder.blocks), batch, m.kv_heads, m.head_dim, capacity,
-                    dtype=dtype or ref.dtype, device=device or ref.device,
-                    window=m.attention.window, global_every=m.attention.global_every)
+                  device: torch.device | str | None = None,
+                  static: bool = False) -> DecodeCache:
+        """A decode cache for this model's (causal) decoder stack, up to ``capacity`` tokens:
+        one state per layer, made by its mixer (softmax: a K/V buffer, a window ring for
+        local layers; recurrent mixers: their fixed-size state), plus the shared token
+        bookkeeping (model/cache.py). ``static=True``: fixed shapes and in-place updates for
+        compiled decoding."""
+        ref = self.embed.weight
+        return self.decoder.new_cache(batch, capacity, dtype=dtype or ref.dtype,
+                                      device=device or ref.device, static=static)
 
-    # Shape for the estimator (model/estimate.py): stacks, head, cached layers.
+    # Shape for the estimator (model/estimate.py): stacks and head.
     @classmethod
-    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
-        """``(n_layers, cross_attention)`` of every stack, in order."""
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool, bool]]:
+        """``(n_layers, cross_attention, causal)`` of every stack, in order."""
         raise NotImplementedError
 
     @classmethod
@@ -202,10 +188,6 @@ class Model(nn.Module):
         """Parameters of the output head not shared with the embedding."""
         return LMHead.param_count(m)
 
-    @classmethod
-    def cached_layers(cls, m: ModelConfig) -> int:
-        """Layers that keep a self-attention KV cache when decoding."""
-        return m.n_layers
 
 
 class DecoderModel(Model):
@@ -219,7 +201,7 @@ class DecoderModel(Model):
 
     def forward(self, input_ids: Tensor, *, valid: Tensor | None = None,
                 positions: Tensor | None = None, segments: Tensor | None = None,
-                cache: KVCache | None = None, select: Tensor | None = None,
+                cache: DecodeCache | None = None, select: Tensor | None = None,
                 token_types: Tensor | None = None) -> Tensor:
         """(B, T) token ids -> (B, T, V) next-token logits; with ``select`` (B, T) bool, only
         the (N, V) logits of the selected positions, in row-major order (probes score a few
@@ -240,12 +222,12 @@ class DecoderModel(Model):
         return {}
 
     def decode(self, input_ids: Tensor, *, positions: Tensor, valid: Tensor | None,
-               cache: KVCache | None) -> Tensor:
+               cache: DecodeCache | None) -> Tensor:
         return self(input_ids, positions=positions, valid=valid, cache=cache)
 
     @classmethod
-    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
-        return [(m.n_layers, False)]
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool, bool]]:
+        return [(m.n_layers, False, True)]
 
 
 class EncoderModel(Model):
@@ -271,21 +253,17 @@ class EncoderModel(Model):
                          valid=valid, segments=segments)
         return self.head(h if select is None else h[select])
 
-    def new_cache(self, *a: object, **kw: object) -> KVCache:
+    def new_cache(self, *a: object, **kw: object) -> DecodeCache:
         raise TypeError("an encoder-only model is bidirectional: it has no KV cache and cannot "
                         "generate left to right; predict masked slots with model(input_ids)")
 
     @classmethod
-    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
-        return [(m.n_layers, False)]
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool, bool]]:
+        return [(m.n_layers, False, False)]
 
     @classmethod
     def head_param_count(cls, m: ModelConfig) -> int:
         return MLMHead.param_count(m)
-
-    @classmethod
-    def cached_layers(cls, m: ModelConfig) -> int:
-        return 0
 
 
 class EncoderDecoderModel(Model):
@@ -313,7 +291,7 @@ class EncoderDecoderModel(Model):
                 source_valid: Tensor | None = None, valid: Tensor | None = None,
                 source_positions: Tensor | None = None, positions: Tensor | None = None,
                 source_segments: Tensor | None = None, segments: Tensor | None = None,
-                cache: KVCache | None = None, memory: Tensor | None = None,
+                cache: DecodeCache | None = None, memory: Tensor | None = None,
                 select: Tensor | None = None) -> Tensor:
         """Teacher-forced: (B, S) source, (B, T) decoder input -> (B, T, V) logits (or the
         (N, V) rows of ``select``). ``valid``/``positions``/``segments`` describe the decoder
@@ -346,13 +324,13 @@ class EncoderDecoderModel(Model):
                 "source_valid": source_valid}
 
     def decode(self, input_ids: Tensor, *, positions: Tensor, valid: Tensor | None,
-               cache: KVCache | None, memory: Tensor, source_valid: Tensor | None) -> Tensor:
+               cache: DecodeCache | None, memory: Tensor, source_valid: Tensor | None) -> Tensor:
         return self(None, input_ids, source_valid=source_valid, valid=valid,
                     positions=positions, cache=cache, memory=memory)
 
     @classmethod
-    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool]]:
-        return [(m.encoder_layers, False), (m.n_layers, True)]
+    def stacks(cls, m: ModelConfig) -> list[tuple[int, bool, bool]]:
+        return [(m.encoder_layers, False, False), (m.n_layers, True, True)]
 
 
 FAMILIES: dict[str, type[Model]] = {

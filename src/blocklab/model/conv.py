@@ -1,0 +1,316 @@
+"""Gated convolutions: the ``gated_conv`` sequence mixer, the gated-convolution family that
+"Zoology: Measuring and Improving Recall in Efficient Language Models" (arXiv 2312.04927)
+uses as its BaseConv baseline — the operator of "Hungry Hungry Hippos" (H3, arXiv 2212.14052)
+and "Hyena" (arXiv 2302.10866) reduced to one gate: ``y = W_o((W_g x) ⊙ long(short(W_u x)))``.
+It is in blocklab because it is the reference point that fails associative recall: a fixed
+(input-independent) filter cannot look a key up, the gate only modulates what it passes.
+
+- ``short``: a depthwise convolution of ``model.mixer.short_conv`` taps (causal: the token and
+  the ``k - 1`` before it; bidirectional: centred, ``k // 2`` back and ``k - 1 - k // 2``
+  ahead), as Zoology's ShortConvolution;
+- ``long`` (``model.mixer.long_conv``): a depthwise convolution with an explicit per-channel
+  filter of ``L = model.max_seq_len`` taps (bidirectional: ``L`` taps back, ``L - 1`` ahead),
+  Zoology's LongConvolution, initialised decaying (channel ``c`` decays over ``τ_c`` tokens,
+  ``τ`` log-spaced over ``[1, L]``, as Hyena's exponential modulation). Its reach is ``L``: a
+  token further than ``L - 1`` real tokens away contributes nothing, in training and decoding
+  alike (a sequence longer than ``L`` is not refused; the filter just stops there).
+
+Exactness: every convolution counts *real tokens* — a row's real tokens move to the front
+with a stable sort before convolving and back after (the trick of attention.py's ``_banded``),
+so left, right and inner padding give the row-alone outputs — and packed documents never mix:
+the short taps are masked at document boundaries, and the long filter restarts at each
+document by :func:`packed_conv` (a divide-and-conquer over power-of-two blocks, exact and
+shape-static; cost ``O(T · log² T · d)``). Without packing the long convolution is one FFT of
+length ``2T`` (:func:`fft_conv`, ``O(T log T · d)``).
+
+Decoding (causal stacks) keeps the last ``k - 1`` real inputs of the short convolution and,
+with the long one, every earlier input of the long filter: a buffer of ``capacity`` slots
+whose slot ``o`` holds the row's ``o``-th real token, so the state grows with the context
+(``state_bytes = B · d · (k - 1 + T) · bytes``) and a decode step costs ``O(T · d)``.
+
+Shape legend: B batch, T tokens, d d_model, k short taps, L long taps (model.max_seq_len),
+C cache capacity (buffer slots), N FFT length, nb blocks of 2m tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blocklab.config import ModelConfig
+from blocklab.config.checks import require
+from blocklab.model.cache import DecodeCache, check_no_grad
+from blocklab.model.mixer import Mixer, Sequence, State
+
+# ------------------------------------------------------------------------- the convolutions
+
+
+def fft_length(t: int) -> int:
+    """The FFT length of a linear convolution of ``t`` tokens: ``2t`` (>= 2t - 1, so no lag
+    wraps around; a circular convolution of length ``t`` would mix a row's end into its
+    start)."""
+    return 2 * t
+
+
+def _taps(kern: Tensor, use: int, n: int) -> Tensor:
+    """(d, L) filter -> (n, d) fp32: its first ``use`` taps, time-major, zeros after (the
+    filter's reach is its length)."""
+    taps = kern[:, :use].t().float()
+    return F.pad(taps, (0, 0, 0, n - taps.shape[0]))
+
+
+def fft_conv(w: Tensor, pos: Tensor, neg: Tensor | None = None) -> Tensor:
+    """``y_t = Σ_{s<=t} pos[t-s] w_s`` (+ ``Σ_{s>t} neg[s-t-1] w_s``: two-sided) over the
+    whole row, by FFT in fp32: w (B, T, d), pos (d, L), neg (d, L - 1) -> (B, T, d)."""
+    t = w.shape[1]
+    n = fft_length(t)
+    k = _taps(pos, t, n)  # (N, d) lags 0 .. T-1
+    if neg is not None and t > 1:  # lags -1 .. -(T-1) at N-1 .. N-T+1 (circular indices)
+        k = k + F.pad(_taps(neg, t - 1, t - 1).flip(0), (0, 0, n - (t - 1), 0))
+    kf = torch.fft.rfft(k, n=n, dim=0)  # (N/2+1, d)
+    wf = torch.fft.rfft(w.float(), n=n, dim=1)  # (B, N/2+1, d)
+    return torch.fft.irfft(wf * kf, n=n, dim=1)[:, :t]  # (B, T, d)
+
+
+def _cross(w: Tensor, doc: Tensor, kern: Tensor, m: int) -> Tensor:
+    """One level of :func:`packed_conv`: in every block of ``2m`` tokens, what its left half
+    gives its right half through the causal filter ``kern`` (d, L) (lags 1 .. 2m-1). A pair
+    (s left, t right) is in one document iff both are in the document that crosses the
+    middle (documents are contiguous runs): the mask is a product of an input and an output
+    mask, so the pair sum is one FFT of length 2m per block (2m >= 3m - 1 - m: no output
+    wraps)."""
+    b, tp, d = w.shape
+    wb = w.view(b, tp // (2 * m), 2, m, d)  # (B, nb, 2, m, d)
+    db = doc.view(b, tp // (2 * m), 2, m)
+    enter = (db[:, :, 0] == db[:, :, 1, :1])[..., None]  # (B, nb, m, 1) in the middle's doc
+    reach = (db[:, :, 1] == db[:, :, 0, -1:])[..., None]
+    kf = torch.fft.rfft(_taps(kern, 2 * m, 2 * m), dim=0)  # (m+1, d)
+    xf = torch.fft.rfft(wb[:, :, 0] * enter, n=2 * m, dim=2)  # (B, nb, m+1, d)
+    right = torch.fft.irfft(xf * kf, n=2 * m, dim=2)[:, :, m:] * reach  # (B, nb, m, d)
+    return torch.stack((torch.zeros_like(right), right), 2).reshape(b, tp, d)
+
+
+def packed_conv(w: Tensor, doc: Tensor, pos: Tensor, neg: Tensor | None = None) -> Tensor:
+    """:func:`fft_conv` within each packed document only: w (B, T, d), doc (B, T) ids whose
+    equal values are contiguous runs (real tokens first, padding one run of its own).
+
+    Exact and shape-static: the row is padded to ``2^K >= T`` and every pair of distinct
+    tokens meets at exactly one level ``m = 1, 2, .., 2^(K-1)`` — the block of ``2m`` where
+    they sit in different halves — which :func:`_cross` sums by FFT; lag 0 is a product. The
+    anti-causal half of a two-sided filter is the same sum on the flipped row. Cost: ``K``
+    levels of FFTs of length ``2m`` over the row, ``O(T · log² T · d)``, against
+    ``O(T² · d)`` for a masked direct (Toeplitz) form."""
+    t = w.shape[1]
+    tp = 1 << (t - 1).bit_length()  # a power of two >= T
+    w = F.pad(w.float(), (0, 0, 0, tp - t))  # (B, 2^K, d)
+    doc = F.pad(doc, (0, tp - t), value=-1)
+    y = w * pos[:, 0].float()
+    anti = None if neg is None else F.pad(neg, (1, 0))  # lag l ahead -> neg[l - 1]
+    m = 1
+    while m < tp:
+        y = y + _cross(w, doc, pos, m)
+        if anti is not None:
+            y = y + _cross(w.flip(1), doc.flip(1), anti, m).flip(1)
+        m *= 2
+    return y[:, :t]
+
+
+def short_conv(x: Tensor, weight: Tensor, bias: Tensor, lags: range,
+               doc: Tensor | None = None) -> Tensor:
+    """``y_t = bias + Σ_i weight[:, i] · x_{t - lags[i]}``, zero outside the row and, with
+    ``doc`` (B, T), across document boundaries: x (B, T, d) -> (B, T, d)."""
+    t = x.shape[1]
+    back, ahead = max(lags), max(-min(lags), 0)
+    xp = F.pad(x, (0, 0, back, ahead))  # (B, back + T + ahead, d)
+    dp = None if doc is None else F.pad(doc, (back, ahead), value=-2)
+    y = bias.to(x.dtype)
+    for i, lag in enumerate(lags):
+        shifted = xp[:, back - lag: back - lag + t]  # x_{t - lag}
+        if dp is not None:
+            shifted = shifted * (dp[:, back - lag: back - lag + t] == doc)[..., None]
+        y = y + weight[:, i].to(x.dtype) * shifted
+    return y
+
+
+def gate(g: Tensor, c: Tensor) -> Tensor:
+    """The one multiplicative interaction of the operator (BaseConv's ``⊙``, H3's and Hyena's
+    gates): the convolution's output modulated per token and channel by ``W_g x``."""
+    return g * c
+
+
+# ----------------------------------------------------------------------------- decode state
+
+class ConvState(State):
+    """Per row: ``tail``, the last ``k - 1`` real inputs of the short convolution (zeros
+    before the first), and with the long one ``inputs``, its input at every real token so far
+    (slot ``o`` = the row's ``o``-th real token)."""
+
+    def __init__(self, batch: int, taps: int, slots: int | None, d_model: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.tail = torch.zeros(batch, taps - 1, d_model, dtype=dtype, device=device)
+        if slots is not None:
+            self.inputs = torch.zeros(batch, slots, d_model, dtype=dtype, device=device)
+
+
+# ------------------------------------------------------------------------------------ mixer
+
+class GatedConv(Mixer):
+    """``y = W_o((W_g x) ⊙ long(short(W_u x)))`` (see the module docstring: Zoology's BaseConv,
+    arXiv 2312.04927; H3, arXiv 2212.14052; Hyena, arXiv 2302.10866). No rotary angles, no
+    score bias: positions enter only as the convolutions' token distances."""
+
+    def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
+        super().__init__(m, layer, causal=causal)
+        d, k, n = m.d_model, m.mixer.short_conv, m.max_seq_len
+        self.proj = nn.Linear(d, 2 * d)  # u and the gate g
+        self.out = nn.Linear(d, d)
+        back = k - 1 if causal else k // 2
+        self.lags = range(back - k + 1, back + 1)  # tap i sees x_{t - lags[i]}
+        self.short = nn.Parameter(torch.empty(d, k))
+        self.short_bias = nn.Parameter(torch.zeros(d))
+        self.long = nn.Parameter(torch.empty(d, n)) if m.mixer.long_conv else None
+        self.long_ahead = (nn.Parameter(torch.empty(d, n - 1))
+                           if m.mixer.long_conv and not causal else None)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """After the model's default init: the short taps as torch's Conv1d (±1/sqrt(k)); the
+        long filter decaying, unit energy per channel (halved per side when two-sided)."""
+        with torch.no_grad():
+            k = self.short.shape[1]
+            self.short.uniform_(-k ** -0.5, k ** -0.5)
+            sides = [f for f in (self.long, self.long_ahead) if f is not None]
+            for f in sides:
+                _decaying_(f, len(sides) ** -0.5)
+
+    def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
+        u, g = self.proj(x).chunk(2, dim=-1)  # (B, T, d) each
+        order = real = None
+        if seq.valid is not None:  # real tokens first, in order, padding zeroed behind them
+            order = torch.sort((~seq.valid.bool()).to(torch.int8), dim=1, stable=True).indices
+            real = seq.valid.bool().gather(1, order)
+            u = u.gather(1, order[..., None].expand_as(u)) * real[..., None]
+        if state is None:
+            c = self._convolve(u.float(), _documents(seq, order, real), real)
+        else:
+            assert isinstance(state, ConvState) and seq.cache is not None
+            check_no_grad(u)
+            c = self._decode(u, seq.cache, state, real)
+        if order is not None:  # back to the caller's token order
+            c = torch.empty_like(c).scatter_(1, order[..., None].expand_as(c), c)
+        return self.out(gate(g, c.to(g.dtype)))
+
+    def _convolve(self, u: Tensor, doc: Tensor | None, real: Tensor | None) -> Tensor:
+        """Training / encoder forward over compacted rows: (B, T, d) fp32."""
+        w = short_conv(u, self.short, self.short_bias, self.lags, doc)
+        if real is not None:
+            w = w * real[..., None]  # padding never enters the long filter
+        if self.long is None:
+            return w
+        if doc is None:
+            return fft_conv(w, self.long, self.long_ahead)
+        return packed_conv(w, doc, self.long, self.long_ahead)
+
+    def _decode(self, u: Tensor, cache: DecodeCache, state: ConvState,
+                real: Tensor | None) -> Tensor:
+        """A forward of T new tokens continuing the state (prefill chunk or step)."""
+        b, t, d = u.shape
+        n_real = (torch.full((b,), t, device=u.device) if real is None
+                  else real.sum(-1))  # (B,)
+        ext = torch.cat((state.tail.to(u.dtype), u), 1)  # (B, k-1+T, d)
+        keep = n_real[:, None] + torch.arange(state.tail.shape[1], device=u.device)
+        w = short_conv(ext.float(), self.short, self.short_bias, self.lags)[:, -t:]
+        state.tail.copy_(ext.gather(1, keep[..., None].expand(-1, -1, d)))  # last k-1 real
+        if real is not None:
+            w = w * real[..., None]
+        if self.long is None:
+            return w
+        return self._decode_long(w, cache, state, n_real)
+
+    def _decode_long(self, w: Tensor, cache: DecodeCache, state: ConvState,
+                     n_real: Tensor) -> Tensor:
+        """Write this forward's real long-filter inputs at their orders (fixed shapes, in
+        place), then convolve the buffer: directly for one token (O(C · d)), else by FFT."""
+        b, t, d = w.shape
+        seen = cache.seen - n_real  # (B,) real tokens before this forward
+        end = cache.capacity if cache.static else cache.length + t  # slots that may be used
+        slot = torch.arange(end, device=w.device) - seen[:, None]  # (B, end) index in w
+        written = ((slot >= 0) & (slot < n_real[:, None]))[..., None]
+        new = w.gather(1, slot.clamp(0, t - 1)[..., None].expand(b, end, d))
+        inputs = state.inputs[:, :end]  # (B, end, d), a view: written in place
+        inputs.copy_(torch.where(written, new.to(inputs.dtype), inputs))
+        orders = seen[:, None] + torch.arange(t, device=w.device)  # (B, T)
+        if t > 1:
+            y = fft_conv(inputs, self.long)  # (B, end, d)
+            return y.gather(1, orders.clamp(max=end - 1)[..., None].expand(b, t, d))
+        n = self.long.shape[1]
+        lag = orders[:, :, None] - torch.arange(end, device=w.device)  # (B, 1, end)
+        taps = self.long.float().t()[lag.clamp(0, n - 1)]  # (B, 1, end, d)
+        taps = taps * ((lag >= 0) & (lag < n))[..., None]
+        return torch.einsum("btsd,bsd->btd", taps, inputs.float())
+
+    def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
+                  device: torch.device | str, static: bool = False) -> State:
+        return ConvState(batch, self.short.shape[1], None if self.long is None else capacity,
+                         self.short.shape[0], dtype=dtype, device=device)
+
+    @classmethod
+    def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
+        """``W_u, W_g, W_o`` with biases (``3d² + 3d``), the short taps and bias (``d·k +
+        d``), the long filter (``d·L`` causal, ``d·(2L - 1)`` two-sided)."""
+        d, k, n = m.d_model, m.mixer.short_conv, m.max_seq_len
+        long = (n if causal else 2 * n - 1) * d if m.mixer.long_conv else 0
+        return 3 * d * d + 3 * d + d * k + d + long
+
+    @classmethod
+    def flops_per_token(cls, m: ModelConfig, layer: int, *, seq_len: int,
+                        causal: bool) -> float:
+        """The training forward: ``2·`` the projections' parameters, ``2·(d·k + d)`` for the
+        short convolution, ``d`` for the gate, and the long one's FFT: a real FFT of length
+        ``N = 2T`` and its inverse per channel (``2.5·N·log2 N`` each, the ``5·N·log2 N``
+        complex convention halved) plus ``6`` per frequency bin, per token ``d·(10·log2(2T)
+        + 6)`` (the filter's own FFT, shared by the batch, not counted). Packed documents
+        cost ``~log2 T`` times that (:func:`packed_conv`); a decode step costs ``2·T·d``."""
+        d, k = m.d_model, m.mixer.short_conv
+        flops = 2.0 * (3 * d * d + 3 * d) + 2 * (d * k + d) + d
+        if m.mixer.long_conv:
+            flops += d * (10 * math.log2(2 * seq_len) + 6)
+        return flops
+
+    @classmethod
+    def state_bytes(cls, m: ModelConfig, layer: int, *, batch: int, seq_len: int,
+                    bytes_per_value: int) -> int:
+        """The short tail (``k - 1`` inputs) and, with the long filter, one input per token:
+        ``B · d · (k - 1 + T) · bytes`` — it grows with the context, like a KV cache."""
+        slots = m.mixer.short_conv - 1 + (seq_len if m.mixer.long_conv else 0)
+        return batch * m.d_model * slots * bytes_per_value
+
+    @classmethod
+    def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
+        require(m.mixer.short_conv >= 1, f"{key}.short_conv", m.mixer.short_conv,
+                "gated_conv needs a short convolution of >= 1 taps",
+                f"e.g. {key}.short_conv=3")
+
+
+def _documents(seq: Sequence, order: Tensor | None, real: Tensor | None) -> Tensor | None:
+    """(B, T) document ids of the compacted row (runs of equal ids; padding -1), or None
+    without packing."""
+    starts = seq.starts()
+    if starts is None:
+        return None
+    if order is not None:
+        starts = starts.gather(1, order)
+    doc = starts.long().cumsum(-1)
+    return doc if real is None else torch.where(real, doc, -1)
+
+
+def _decaying_(f: Tensor, scale: float) -> None:
+    """``f[c, j] ~ N(0, 1) · exp(-j / τ_c)``, ``τ`` log-spaced over ``[1, L]``, each channel
+    rescaled to norm ``scale`` (Hyena's exponentially modulated filters, arXiv 2302.10866)."""
+    d, n = f.shape
+    tau = torch.logspace(0, math.log10(max(n, 1)), d, device=f.device)  # (d,)
+    f.normal_().mul_(torch.exp(-torch.arange(n, device=f.device) / tau[:, None]))
+    f.mul_(scale / f.norm(dim=1, keepdim=True).clamp(min=1e-6))

@@ -1,0 +1,202 @@
+"""The sequence-mixer seam: what a layer's mixer receives, and what it owes.
+
+A *sequence mixer* is the part of a block that moves information along the sequence: softmax
+attention (attention.py), linear attention (linear.py), gated convolutions (conv.py), selective
+state spaces (ssm.py), or a user's own (``register("mixer", name)``). Every layer has one
+(``model.mixer.name``, or ``model.mixer.pattern`` for hybrid stacks); cross-attention of an
+encoder–decoder stays softmax attention and is not a mixer.
+
+A stack hands each mixer the *facts* of the sequence, :class:`Sequence` — positions, which
+tokens are real (``valid``), packed documents (``segments``), causal or bidirectional, the
+rotary angles, the decode cache's shared bookkeeping — never a prebuilt mask. A score-based
+mixer asks ``seq.visibility(window)``; masks.py alone decides what it holds, and the answer is
+memoised per forward, so every softmax layer of a stack shares one mask. Padding and packed
+documents therefore reach every mixer as data, and invariance to them (a padded row equals
+the row alone; documents never mix) is each mixer's own obligation — the variant grid tests it.
+
+The contract (:class:`Mixer`):
+
+- ``Mixer(m: ModelConfig, layer: int, *, causal: bool)`` builds layer ``layer`` of a causal
+  or bidirectional stack (``m.mixer`` / ``m.attention`` hold its options);
+- ``forward(x, seq, state) -> y``: (B, T, d) -> (B, T, d); ``state`` is this layer's decode
+  state (None without a cache);
+- ``new_state(batch, capacity, *, dtype, device, static) -> State | None``: the decode state of
+  this layer (a K/V buffer, a window ring, a recurrent matrix, a convolution tail ...);
+  ``static=True`` asks for fixed shapes and in-place updates (compiled decoding);
+- class methods for the estimator and the validator, all without building the mixer:
+  ``param_count(m, layer, *, causal)``, ``flops_per_token(m, layer, *, seq_len, causal)``
+  (forward FLOPs per token of the whole mixer at a context of ``seq_len``),
+  ``state_bytes(m, layer, *, batch, seq_len, bytes_per_value)`` (its decode state after
+  ``seq_len`` tokens) and ``check(m, layer, *, causal, key)`` (its own config rules; raise a
+  one-line ConfigError);
+- attributes ``bidirectional`` (it has a form for encoder stacks), ``uses_score_bias`` (it
+  applies the position scheme's score bias: ALiBi, T5) and ``uses_rotary`` (it rotates by the
+  rotary scheme's angles); a position scheme no layer uses is refused by the validator.
+
+A :class:`State` holds tensors whose dim 0 is the batch: ``select(rows)`` (shared-prefix
+scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from blocklab.config import ModelConfig
+from blocklab.model import masks
+
+if TYPE_CHECKING:
+    from blocklab.model.cache import DecodeCache
+    from blocklab.model.position import Position
+
+
+@dataclass
+class Sequence:
+    """The facts of one stack forward, shared by every layer's mixer."""
+
+    positions: Tensor  # (B, T) position ids
+    valid: Tensor | None  # (B, T) bool, real tokens; None = no padding
+    segments: Tensor | None  # (B, T) packed documents; None = one per row
+    causal: bool
+    position: Position  # the stack's position scheme (score biases)
+    rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) of the rotary scheme
+    cache: DecodeCache | None = None  # decoding: shared token bookkeeping + layer states
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def length(self) -> int:
+        return self.positions.shape[1]
+
+    def real(self) -> Tensor:
+        """(B, T) bool: the real tokens (all True without padding)."""
+        if self.valid is None:
+            return torch.ones_like(self.positions, dtype=torch.bool)
+        return self.valid.bool()
+
+    def starts(self) -> Tensor | None:
+        """(B, T) bool: tokens that begin a packed document (a recurrent state restarts
+        there), or None without packing. Padding never starts one."""
+        if self.segments is None:
+            return None
+        return self._memoised("starts", lambda: masks.document_starts(self.segments,
+                                                                      self.valid))
+
+    def visibility(self, window: int | None = None) -> masks.Visibility:
+        """Which keys each query may see, for a score-based mixer with this ``window``
+        (None = global): over this forward's tokens in training, over the cached keys plus
+        these tokens when decoding. Built once per window and forward."""
+        return self._memoised(("visibility", window), lambda: self._visibility(window))
+
+    def _visibility(self, window: int | None) -> masks.Visibility:
+        t = self.length
+        common = {"causal": self.causal, "q_len": t, "device": self.positions.device}
+        if self.cache is None:
+            return masks.self_visibility(
+                **common, k_len=t, key_valid=self.valid, q_segments=self.segments,
+                k_segments=self.segments, window=window,
+                bias=self.position.score_bias(self.positions, self.positions))
+        keys = self.cache.keys(window)
+        return masks.self_visibility(
+            **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
+            bias=self.position.score_bias(self.positions, keys.positions), window=window,
+            q_order=keys.q_order, k_order=keys.order)
+
+    def _memoised(self, key: Any, make) -> Any:
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+
+class State:
+    """A layer's decode state: named tensors whose dim 0 is the batch (rows), updated in
+    place by its mixer. Subclasses add the logic; ``books`` names the shared bookkeeping the
+    state relies on (cache.py), none by default."""
+
+    books: tuple[Any, ...] = ()
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, Tensor)}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors().values())
+
+    def select(self, rows: Tensor) -> State:
+        """A copy whose row ``j`` is row ``rows[j]`` of this state."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        for name, t in self.tensors().items():
+            setattr(new, name, t.index_select(0, rows))
+        return new
+
+    def reset(self) -> None:
+        for t in self.tensors().values():
+            t.zero_()
+
+    def static_tensors(self) -> list[Tensor]:
+        """Buffers a compiled step reads and writes in place (marked static for CUDA
+        graphs)."""
+        return list(self.tensors().values())
+
+
+class Mixer(nn.Module):
+    """Base of every sequence mixer (see the module docstring for the contract)."""
+
+    #: whether the mixer has a bidirectional form (encoder stacks)
+    bidirectional: bool = True
+    #: whether the mixer applies the position scheme's score bias (ALiBi, T5 buckets)
+    uses_score_bias: bool = False
+    #: whether the mixer rotates by the rotary scheme's angles (RoPE)
+    uses_rotary: bool = False
+
+    def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
+        super().__init__()
+        self.layer, self.causal = layer, causal
+
+    def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
+        raise NotImplementedError
+
+    def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
+                  device: torch.device | str, static: bool = False) -> State | None:
+        """This layer's decode state; None for a mixer that keeps none."""
+        return None
+
+    @classmethod
+    def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
+        """Parameters of the mixer; by default counted on a copy built on the meta device
+        (no memory, no compute) — a mixer with a closed form overrides it."""
+        with torch.device("meta"):
+            module = cls(m, layer, causal=causal)
+        return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+    @classmethod
+    def flops_per_token(cls, m: ModelConfig, layer: int, *, seq_len: int,
+                        causal: bool) -> float:
+        """Forward FLOPs per token; by default twice the parameters (every parameter one
+        multiply-add per token), which a mixer that mixes beyond its weights overrides."""
+        return 2.0 * cls.param_count(m, layer, causal=causal)
+
+    @classmethod
+    def state_bytes(cls, m: ModelConfig, layer: int, *, batch: int, seq_len: int,
+                    bytes_per_value: int) -> int:
+        return 0
+
+    @classmethod
+    def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:
+        """Keys a query scores (a T×T-like score tensor's width: softmax attention's), for
+        the activation estimate; 0 for a mixer without scores."""
+        return 0
+
+    @classmethod
+    def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
+        """The mixer's own config rules for layer ``layer`` (raise a one-line ConfigError)."""
+
+
+def mixer_class(m: ModelConfig, layer: int, causal: bool = True) -> type[Mixer]:
+    """The mixer component of 0-based ``layer`` of a causal or bidirectional stack."""
+    from blocklab.registry import lookup
+
+    return lookup("mixer", m.layer_mixer(layer, causal), m.mixer_key(causal))

@@ -1,0 +1,271 @@
+"""The ``ssm`` sequence mixer: a selective state space — Mamba's mixer, in pure PyTorch.
+
+"Mamba: Linear-Time Sequence Modeling with Selective State Spaces", Gu & Dao 2023, arXiv
+2312.00752. Per token, ``in_proj`` gives the x branch and the gate z (``E = expand·d``); x runs
+through a depthwise causal convolution of ``d_conv`` taps and SiLU; ``x_proj`` reads from it the
+*input-dependent* step ``Δ = softplus(dt_proj(Δ_low))`` and the state maps B, C (the selection
+that makes it content-aware); with ``A = -exp(A_log)`` (E, N) each channel keeps an N-wide
+state, ``h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t u_t``, read out as ``y_t = C_t · h_t + D ⊙ u_t``,
+gated by SiLU(z) and projected back by ``out``. The layout and the initialisation are Hugging
+Face's ``MambaMixer`` (tests/model/test_ssm.py checks the outputs against it).
+
+Exactness, as the seam asks (model/mixer.py): padding has ``Δ = 0`` (``exp(0) = 1``, ``Δ B u =
+0``: the state passes through untouched) and the convolution counts real tokens only (real
+tokens moved to the front by a stable sort, convolved, scattered back — attention.py's
+``_banded`` trick), so left, right and inner padding give the row-alone outputs; at a packed
+document's first token (``seq.starts()``) the state and the convolution restart.
+
+Decoding keeps, per row, the last ``d_conv - 1`` real convolution inputs and the state h (fp32):
+constant in the context length, O(1) per token.
+
+Shape legend: B batch, T tokens, d d_model, E d_inner, N d_state, R dt_rank, K d_conv taps,
+nc chunks of L tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blocklab.config import ModelConfig
+from blocklab.config.checks import require
+from blocklab.model.cache import check_no_grad
+from blocklab.model.mixer import Mixer, Sequence, State
+
+#: Hugging Face's / the paper's initial range of Δ (dt_min, dt_max) and its floor
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
+
+
+def ssm_dims(m: ModelConfig) -> tuple[int, int, int, int]:
+    """(E, N, R, K): d_inner, d_state, dt_rank (null = ceil(d_model / 16)), d_conv."""
+    o = m.mixer
+    rank = math.ceil(m.d_model / 16) if o.dt_rank is None else o.dt_rank
+    return o.expand * m.d_model, o.d_state, rank, o.d_conv
+
+
+class SSMState(State):
+    """One layer's decode state: the last ``K - 1`` real convolution inputs of each row (in
+    the cache's dtype; zeros before a row has that many) and the state h, in fp32."""
+
+    def __init__(self, batch: int, d_inner: int, d_state: int, d_conv: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.conv = torch.zeros(batch, d_inner, d_conv - 1, dtype=dtype, device=device)
+        self.h = torch.zeros(batch, d_inner, d_state, dtype=torch.float32, device=device)
+
+
+# --------------------------------------------------------------------------- the scan
+
+def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
+                   starts: Tensor | None = None, h0: Tensor | None = None,
+                   chunk: int = 64) -> tuple[Tensor, Tensor]:
+    """``h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t u_t`` (h restarting where ``starts``), ``y_t =
+    C_t · h_t``: u, dt (B, T, E), A (E, N), B and C (B, T, N), h0 (B, E, N) or None (zeros) ->
+    y (B, T, E) and the last state (B, E, N), all fp32.
+
+    Chunked, linear in T: within each chunk of L tokens the recurrence runs from zero for all
+    chunks at once (L steps), the state entering a chunk is carried from chunk to chunk (T/L
+    steps) and reaches each of its tokens with the decay ``exp(cumulative log-decay)``, in
+    parallel (:func:`chunk_decay`). Mamba's decay differs per channel *and* state (E, N), so
+    the quadratic intra-chunk form of linear attention would cost L·T·E·N memory, and its
+    factorised form ``exp(cum_t)·exp(-cum_s)`` overflows once a chunk decays by more than
+    e^88 (trained models do, at a reset token); this split only ever takes ``exp`` of sums
+    of non-positive log-decays, so it cannot overflow."""
+    b, t, e = u.shape
+    n = A.shape[1]
+    size = min(chunk, t)
+    nc = -(-t // size)
+    pad = nc * size - t
+    if pad:  # Δ = 0 past the end: the state passes through unchanged
+        u, dt, B, C = (F.pad(v, (0, 0, 0, pad)) for v in (u, dt, B, C))
+        starts = None if starts is None else F.pad(starts, (0, pad), value=False)
+    log_decay = dt[..., None] * A  # (B, T', E, N), <= 0
+    x = (dt * u)[..., None] * B[:, :, None, :]  # (B, T', E, N): Δ B u
+    decay = log_decay.exp()
+    if starts is not None:  # a document's first token forgets what came before
+        decay = decay * (~starts)[..., None, None]
+    shape = (b, nc, size, e, n)
+    local = _local_states(decay.view(shape), x.view(shape))  # (B, nc, L, E, N)
+    into = chunk_decay(log_decay.view(shape),
+                       None if starts is None else starts.view(b, nc, size))
+    h = torch.zeros(b, e, n, dtype=u.dtype, device=u.device) if h0 is None else h0.float()
+    entering = []
+    # unbind, not t[:, c]: one backward for all slices (each select's would fill a full grad)
+    for keep, add in zip(into[:, :, -1].unbind(1), local[:, :, -1].unbind(1), strict=True):
+        entering.append(h)  # sequential across chunks
+        h = keep * h + add  # (B, E, N)
+    states = local + into * torch.stack(entering, 1)[:, :, None]  # (B, nc, L, E, N)
+    y = torch.einsum("bclen,bcln->bcle", states, C.view(b, nc, size, n))
+    return y.reshape(b, nc * size, e)[:, :t], h
+
+
+def _local_states(decay: Tensor, x: Tensor) -> Tensor:
+    """The recurrence inside every chunk at once, each from a zero state: (B, nc, L, E, N)."""
+    h = torch.zeros_like(x[:, :, 0])  # (B, nc, E, N)
+    out = []
+    for keep, add in zip(decay.unbind(2), x.unbind(2), strict=True):
+        h = keep * h + add
+        out.append(h)
+    return torch.stack(out, 2)
+
+
+def chunk_decay(log_decay: Tensor, starts: Tensor | None) -> Tensor:
+    """(B, nc, L, E, N): how much of the state entering a chunk survives to each of its tokens
+    — ``exp`` of the cumulative log-decay since the chunk began, zero from a document start
+    on."""
+    into = log_decay.cumsum(2).exp()
+    if starts is not None:
+        alive = starts.cumsum(2) == 0  # (B, nc, L): no document began in the chunk so far
+        into = into * alive[..., None, None]
+    return into
+
+
+# ------------------------------------------------------------------------------- mixer
+
+class SelectiveSSM(Mixer):
+    """Mamba's selective state-space mixer (arXiv 2312.00752; see the module docstring).
+    Causal only: the state runs left to right (an encoder–decoder keeps softmax in its encoder,
+    ``model.mixer.encoder``). No rotary angles and no score bias: position comes from the
+    recurrence and the convolution."""
+
+    bidirectional = False
+
+    def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
+        super().__init__(m, layer, causal=causal)
+        e, n, r, k = ssm_dims(m)
+        self.d_inner, self.d_state, self.dt_rank, self.d_conv = e, n, r, k
+        self.chunk = m.mixer.chunk
+        self.in_proj = nn.Linear(m.d_model, 2 * e, bias=False)
+        self.conv = nn.Conv1d(e, e, k, groups=e)  # weight (E, 1, K): applied tap by tap
+        self.x_proj = nn.Linear(e, r + 2 * n, bias=False)
+        self.dt_proj = nn.Linear(r, e)
+        self.A_log = nn.Parameter(torch.empty(e, n))
+        self.D = nn.Parameter(torch.empty(e))
+        self.out = nn.Linear(e, m.d_model, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Mamba's initialisation (after the model's GPT-2 default, which would zero D and
+        draw A_log and the Δ bias from N(0, σ)): ``A = -(1..N)`` per channel (S4D-real),
+        ``D = 1``, Δ log-uniform in [1e-3, 0.1] through the inverse softplus of the dt bias,
+        dt weights uniform in ±R^-1/2, the convolution as PyTorch's with a zero bias."""
+        a = torch.arange(1, self.d_state + 1, dtype=torch.float32, device=self.A_log.device)
+        self.A_log.copy_(a.log().expand_as(self.A_log))
+        self.D.fill_(1.0)
+        bound = self.dt_rank ** -0.5
+        nn.init.uniform_(self.dt_proj.weight, -bound, bound)
+        dt = torch.exp(torch.rand(self.d_inner, device=self.D.device)
+                       * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN))
+        dt = dt.clamp(min=DT_FLOOR)
+        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus⁻¹(dt)
+        nn.init.kaiming_uniform_(self.conv.weight, a=math.sqrt(5))
+        nn.init.zeros_(self.conv.bias)
+
+    def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
+        if state is not None:
+            assert isinstance(state, SSMState)
+        u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
+        if state is not None:
+            check_no_grad(u)
+        u = F.silu(self._conv(u, seq, state))
+        dt, B, C = self.selection(u)
+        if seq.valid is not None:  # padding: Δ = 0, the state passes through
+            dt = dt * seq.valid[..., None]
+        A = -torch.exp(self.A_log.float())  # (E, N)
+        y, h = selective_scan(u.float(), dt, A, B.float(), C.float(), starts=seq.starts(),
+                              h0=None if state is None else state.h, chunk=self.chunk)
+        if state is not None:
+            state.h.copy_(h)
+        y = (y + u.float() * self.D.float()) * F.silu(z.float())  # (B, T, E)
+        return self.out(y.to(x.dtype))
+
+    def selection(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The input-dependent parameters: Δ (B, T, E) fp32, B and C (B, T, N)."""
+        low, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        return F.softplus(self.dt_proj(low).float()), B, C
+
+    def _conv(self, u: Tensor, seq: Sequence, state: SSMState | None) -> Tensor:
+        """The depthwise causal convolution over each row's real tokens, restarting at each
+        document: (B, T, E) -> (B, T, E); with a state, its taps reach the cached inputs and
+        it keeps the newest ``K - 1``."""
+        b, t, e = u.shape
+        k = self.d_conv
+        order, starts = None, seq.starts()
+        if seq.valid is not None:  # real tokens first (stable), so taps count real tokens
+            order = torch.sort((~seq.valid.bool()).to(torch.int8), dim=1, stable=True).indices
+            u = u.gather(1, order[..., None].expand_as(u))
+            starts = None if starts is None else starts.gather(1, order)
+        tail = u.new_zeros(b, k - 1, e) if state is None else state.conv.transpose(1, 2)
+        ext = torch.cat((tail.to(u.dtype), u), 1)  # (B, K-1+T, E): input i-(K-1) at i
+        w = self.conv.weight[:, 0]  # (E, K)
+        idx = torch.arange(t, device=u.device)
+        last = None
+        if starts is not None:  # each token's document start, in sorted order (-K: none)
+            last = torch.where(starts, idx, -k).cummax(1).values  # (B, T)
+        out = self.conv.bias
+        for j in range(k):  # tap j reads the input K-1-j tokens back
+            tap = ext[:, j: j + t] * w[:, j]
+            if last is not None:
+                tap = tap * ((idx - last) >= k - 1 - j)[..., None]
+            out = out + tap
+        if state is not None:
+            self._keep_tail(state, ext, seq, last)
+        if order is not None:  # back to the caller's token order
+            out = torch.empty_like(out).scatter_(1, order[..., None].expand_as(out), out)
+        return out
+
+    def _keep_tail(self, state: SSMState, ext: Tensor, seq: Sequence,
+                   last: Tensor | None) -> None:
+        """The newest ``K - 1`` real inputs of each row (cached ones included) into the state,
+        in place; those before the row's last document start are an earlier document's."""
+        b, length, e = ext.shape
+        k, t = self.d_conv, length - (self.d_conv - 1)
+        real = t if seq.valid is None else seq.valid.sum(-1, keepdim=True)  # (B, 1)
+        pick = real + torch.arange(k - 1, device=ext.device).expand(b, k - 1)  # (B, K-1)
+        tail = ext.gather(1, pick[..., None].expand(b, k - 1, e))  # (B, K-1, E)
+        if last is not None:
+            tail = tail * (pick - (k - 1) >= last[:, -1:])[..., None]
+        state.conv.copy_(tail.transpose(1, 2))
+
+    def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
+                  device: torch.device | str, static: bool = False) -> State:
+        """The same fixed-size state for growing and static caches (updates are in place)."""
+        return SSMState(batch, self.d_inner, self.d_state, self.d_conv, dtype=dtype,
+                        device=device)
+
+    @classmethod
+    def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
+        """in_proj ``2dE``, out ``Ed``, conv ``E(K+1)``, x_proj ``E(R+2N)``, dt_proj ``E(R+1)``,
+        A_log ``EN``, D ``E``: ``3dE + E(K + 2R + 3N + 3)``."""
+        e, n, r, k = ssm_dims(m)
+        return 3 * m.d_model * e + e * (k + 2 * r + 3 * n + 3)
+
+    @classmethod
+    def flops_per_token(cls, m: ModelConfig, layer: int, *, seq_len: int,
+                        causal: bool) -> float:
+        """Constant in T: the projections ``2(3dE + 2E(R+N))``, the convolution ``2EK``, the
+        recurrence ``8EN`` (Δ·A, exp, Δ·B·u, the update's multiply-add, the read-out's) and
+        ``10E`` per channel (softplus, SiLUs, skip, gate)."""
+        e, n, r, k = ssm_dims(m)
+        return 2.0 * (3 * m.d_model * e + 2 * e * (r + n)) + 2 * e * k + 8 * e * n + 10 * e
+
+    @classmethod
+    def state_bytes(cls, m: ModelConfig, layer: int, *, batch: int, seq_len: int,
+                    bytes_per_value: int) -> int:
+        """Constant in T: the convolution tail ``B·E·(K-1)`` values and h ``B·E·N`` in fp32."""
+        e, n, _, k = ssm_dims(m)
+        return batch * e * ((k - 1) * bytes_per_value + n * 4)
+
+    @classmethod
+    def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
+        o = m.mixer
+        for name in ("d_state", "expand", "d_conv", "chunk"):
+            value = getattr(o, name)
+            require(isinstance(value, int) and value >= 1, f"{key}.{name}", value,
+                    "ssm needs an integer >= 1")
+        require(o.dt_rank is None or (isinstance(o.dt_rank, int) and o.dt_rank >= 1),
+                f"{key}.dt_rank", o.dt_rank, "ssm needs null (= ceil(d_model / 16)) or an "
+                "integer >= 1")
