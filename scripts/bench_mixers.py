@@ -2,7 +2,8 @@
 
 Every figure is a ratio measured in one run, interleaved (A B A B ...) after a warm-up, with
 min / median / max over the rounds; peak memory is measured in a fresh subprocess per case
-(``ru_maxrss`` after minus before the measured work).
+(the high-water mark ``VmHWM``, reset just before the measured work, minus the resident
+set at that moment).
 
 1. ``local``: a training step (forward + backward + AdamW) of a 2-layer decoder whose every
    layer is local (window W = 128) at T = 4096: blocklab's banded computation (blocks of
@@ -100,15 +101,20 @@ def _dense(enabled: bool) -> None:
 
 
 PEAK = """
-import json, resource, sys, torch
+import json, sys, torch
 sys.path.insert(0, {root!r} + "/scripts")
 import bench_mixers as b
 torch.set_num_threads(1)
 b._dense({dense})
 step = b.train_step(b.model_config(window={window}, max_seq_len={t}), {t})
-rss = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS"))
-step()  # the process's high-water mark minus what it held just before: the step's peak
-print(json.dumps({{"peak_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024}}))
+def status(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key))
+# reset the high-water mark to what the process holds now (Linux: "5" to clear_refs), else the
+# peak of importing torch hides the step's own peak
+open("/proc/self/clear_refs", "w").write("5")
+rss = status("VmRSS")
+step()
+print(json.dumps({{"peak_mb": (status("VmHWM") - rss) / 1024}}))
 """
 
 

@@ -19,8 +19,10 @@ if [ "${1:-test}" = "test" ]; then
 fi
 # Re-install only when pyproject.toml changed since the last successful install.
 stamp=.venv/.blocklab-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)-${1:-test}
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)-${1:-test}-compat
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  "$VPY" -m pip install -q -e ".[${1:-test}]"
+  # compat: src/ on sys.path, so Hydra's plugin scan (pkgutil over the hydra_plugins namespace)
+  # finds src/hydra_plugins/blocklab_launchers; the default editable finder hides it
+  "$VPY" -m pip install -q -e ".[${1:-test}]" --config-settings editable_mode=compat
   echo "$want" > "$stamp"
 fi
