@@ -211,3 +211,29 @@ def _cfg(model_type: str, **extra) -> dict:
 ])
 def test_windows_blocklab_cannot_express_are_refused_by_name(tmp_path, model_type, extra, words):
     _refused(tmp_path, _cfg(model_type, **extra), *words)
+
+
+def test_exports_blocklab_cannot_write_are_refused_by_name(tmp_path):
+    """A bias-free mixed pattern has no Hugging Face class (Mistral windows every layer,
+    Qwen2 has q/k/v biases); a Qwen2 import whose output bias training moved off zero has
+    no Qwen2 place for it."""
+    import dataclasses
+
+    from blocklab.convert.export import pick_arch
+    from blocklab.convert.table import ARCHITECTURES
+
+    _, src = _save(tmp_path, "mistral-window")
+    m = _import(tmp_path, src)[1].config
+    mixed = dataclasses.replace(m, attention=dataclasses.replace(
+        m.attention, layers=["global", "local"]))
+    with pytest.raises(ConfigError, match=r"model\.attention\.layers=\['global', 'local'\]"):
+        pick_arch(mixed)
+
+    _, src = _save(tmp_path / "q", "qwen2-mwl-middle")
+    model = _import(tmp_path / "q", src)[1]
+    assert pick_arch(model.config).name == "qwen2"
+    state = model.state_dict()
+    state["decoder.blocks.1.attn.out.bias"] = torch.full_like(
+        state["decoder.blocks.1.attn.out.bias"], 0.5)
+    with pytest.raises(ConfigError, match=r"decoder\.blocks\.1\.attn\.out\.bias is not zero"):
+        ARCHITECTURES["qwen2"].weights_out(state, model.config)

@@ -76,8 +76,12 @@ class Mistral(Llama):
 
 class Qwen2(Llama):
     """Qwen2 / Qwen2.5: the Llama layout with biases on q, k and v (none on the output
-    projection, none in the MLP), and a window on the layers ``layer_types`` names
-    (``use_sliding_window`` + ``sliding_window`` + ``max_window_layers`` when absent).
+    projection, none in the MLP), and a window on the layers ``layer_types`` names. Without
+    ``layer_types``, the rule of ``Qwen2Config`` (transformers 5, read in its source): layer
+    ``i`` (0-based) slides iff ``use_sliding_window`` and ``sliding_window`` is not null and
+    ``i >= max_window_layers`` — the first ``max_window_layers`` layers are full attention,
+    whatever the old docstring said ("the bottom layers use SWA"); transformers#35896 /
+    #36162 are that disagreement, settled for this rule.
 
     blocklab's ``attention.bias`` covers q/k/v and the output projection together, so the
     import sets the output bias to zeros (the same function) and the export refuses a
@@ -97,7 +101,7 @@ class Qwen2(Llama):
         window = window if use else None  # Qwen2Config drops it without use_sliding_window
         first = f.take("max_window_layers", 28)
         types = f.take("layer_types")
-        if types is None:  # transformers 5's rule (Qwen2Config): the first layers are full
+        if types is None:  # Qwen2Config's rule: layers i >= max_window_layers slide
             types = [SLIDING if window is not None and i >= first else FULL for i in range(n)]
         types = list(types)
         if len(types) != n or not set(types) <= {FULL, SLIDING}:
