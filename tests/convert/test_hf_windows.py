@@ -122,7 +122,9 @@ def test_window_import_matches_hf_logits_greedy_and_export_reloads(tmp_path, cas
         mine = generate(model, prompt, max_new_tokens=10)
         theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10,
                              do_sample=False, pad_token_id=0)[:, 6:]
+        fixed = generate(model, prompt, max_new_tokens=10, static_cache=True)
     assert torch.equal(mine, theirs), (mine, theirs)
+    assert torch.equal(fixed, theirs), (fixed, theirs)  # the fixed-shape cache too
 
     out = export_model(target, tmp_path / "exported", log=lambda *_: None)
     arch = json.loads((out / "config.json").read_text())["architectures"][0]

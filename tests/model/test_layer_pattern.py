@@ -70,3 +70,16 @@ def test_bad_patterns_fail_in_one_line_naming_the_key(layers, window, global_eve
         validate_model(_with(layers, window=window, global_every=global_every))
     msg = str(err.value)
     assert "\n" not in msg and "model.attention.layers=" in msg and words in msg, msg
+
+
+def test_the_pattern_composes_from_the_command_line():
+    """An ordinary override of every preset, as Hydra writes a list."""
+    from blocklab import config as C
+    from blocklab.config import model_config
+
+    m = model_config(C.compose("estimate", ["model=llama_tiny", "model.attention.window=4",
+                                            "model.attention.layers=[global,local]"]).model)
+    assert [b.attn.window for b in build_model(m).decoder.blocks] == [None, 4] * (m.n_layers // 2)
+    with pytest.raises(ConfigError, match=r"model\.attention\.layers=\['local'\]: needs model"):
+        model_config(C.compose("estimate", ["model=llama_tiny",
+                                            "model.attention.layers=[local]"]).model)
