@@ -71,13 +71,18 @@ def test_good_windows_validate(family, window, global_every):
     blocks = [b for name in ("encoder", "decoder") if hasattr(model := build_model(m), name)
               for b in getattr(model, name).blocks]
     assert [b.attn.window for b in blocks] == [
-        masks.layer_window(window, global_every, b.layer) for b in blocks]
+        masks.layer_window(m.attention, b.layer) for b in blocks]
+
+
+def _windows(window, global_every=0, layers=(), n=7):
+    a = AttentionConfig(window=window, global_every=global_every, layers=list(layers))
+    return [masks.layer_window(a, i) for i in range(n)]
 
 
 def test_layer_pattern_global_every_n_counts_layers_from_one():
-    assert [masks.layer_window(4, 3, i) for i in range(7)] == [4, 4, None, 4, 4, None, 4]
-    assert [masks.layer_window(4, 0, i) for i in range(3)] == [4, 4, 4]
-    assert [masks.layer_window(None, 0, i) for i in range(3)] == [None] * 3
+    assert _windows(4, 3) == [4, 4, None, 4, 4, None, 4]
+    assert _windows(4, 0, n=3) == [4, 4, 4]
+    assert _windows(None, 0, n=3) == [None] * 3
     model = _local(ED, window=5, global_every=2, n_layers=4)  # encoder: 3 layers, decoder: 4
     assert [b.attn.window for b in model.encoder.blocks] == [5, None, 5]
     assert [b.attn.window for b in model.decoder.blocks] == [5, None, 5, None]

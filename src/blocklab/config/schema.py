@@ -214,7 +214,14 @@ class AttentionConfig:
     # Which layers are local when a window is set: 0 = every layer; n >= 2 = every n-th layer
     # (layers n, 2n, ... counting from 1) is global, the others local.
     global_every: int = 0
+    # Or an explicit per-layer pattern, "global" / "local" per layer, repeated over the layers
+    # of each stack ([] = global_every decides), e.g. [global, global, local, local] for a
+    # Qwen2 whose first two of four layers are full attention. Needs a window and
+    # global_every: 0.
+    layers: list[str] = field(default_factory=list)
 
+
+ATTENTION_LAYER_KINDS = ("global", "local")  # the entries of model.attention.layers
 
 MIXER_FEATURE_MAPS = ("elu", "taylor")  # linear attention's feature maps
 

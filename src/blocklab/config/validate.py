@@ -10,6 +10,7 @@ from blocklab.config.checks import _check, _fail, _finite, _name, _one_of
 from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     ACCELERATORS,
+    ATTENTION_LAYER_KINDS,
     DATA_FORMATS,
     DOCUMENT_SPLITS,
     FILLERS,
@@ -180,6 +181,30 @@ def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool,
     _check(a.global_every <= deepest, f"{key}.attention.global_every", a.global_every,
            f"no layer would be global: must be <= the deepest stack's {deepest} layers "
            f"({_depths(m, key)})", "global_every: 0 makes every layer local")
+    _validate_layer_kinds(m, key, deepest)
+
+
+def _validate_layer_kinds(m: ModelConfig, key: str, deepest: int) -> None:
+    """``attention.layers``, the explicit per-layer pattern: "global" / "local" entries, only
+    with a window and instead of ``global_every`` (two patterns at once would leave one
+    silently unused), no longer than the deepest stack (entries past it would never be read)
+    and with a local entry (else the window changes nothing: ``window: null``)."""
+    a, where = m.attention, f"{key}.attention.layers"
+    if not a.layers:
+        return
+    bad = [x for x in a.layers if x not in ATTENTION_LAYER_KINDS]
+    _check(not bad, where, a.layers, f"entries must be one of {', '.join(ATTENTION_LAYER_KINDS)}"
+           f" (not {bad[0]!r})" if bad else "")
+    _check(a.window is not None, where, a.layers,
+           "needs model.attention.window (null: every layer is already global)")
+    _check(a.global_every == 0, where, a.layers,
+           f"says which layers are global, and so does model.attention.global_every="
+           f"{a.global_every}", "set global_every: 0 with an explicit list")
+    _check(len(a.layers) <= deepest, where, a.layers,
+           f"{len(a.layers)} entries, more than the deepest stack's {deepest} layers "
+           f"({_depths(m, key)}): the rest would never be read")
+    _check("local" in a.layers, where, a.layers, "no layer would be local, so the window would "
+           "change nothing", "window: null makes every layer global")
 
 
 def _depths(m: ModelConfig, key: str) -> str:

@@ -12,7 +12,7 @@ concatenated on the way in and split on the way out.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -128,27 +128,38 @@ def _rope_out(m: ModelConfig) -> dict[str, Any]:
 
 class Llama(Arch):
     """Llama 1/2/3 and its kin (SmolLM, TinyLlama): RMSNorm pre-norm, rotary (with linear /
-    YaRN / Llama-3 scaling), SwiGLU, MHA / GQA / MQA, optional biases, tied or not."""
+    YaRN / Llama-3 scaling), SwiGLU, MHA / GQA / MQA, optional biases, tied or not. Mistral and
+    Qwen2 (windows.py) are this layout with other config keys: ``core_in`` / ``core_out`` are
+    the keys they share, ``attn_in`` / ``attn_out`` the attention projections' weights."""
 
     name, model_types, family = "llama", ("llama",), "decoder"
     hf_class, auto = "LlamaForCausalLM", "AutoModelForCausalLM"
     unmapped = ("init_std", "dropout")  # HF Llama has no residual dropout
+    #: the HF config class's defaults for keys a config.json may leave out
+    defaults: ClassVar[dict[str, Any]] = {"num_key_value_heads": None,
+                                          "max_position_embeddings": 2048}
 
     def config_in(self, f: Fields, tensors: dict[str, Tensor]) -> dict[str, Any]:
-        d, h = f.take("hidden_size"), f.take("num_attention_heads")
-        kv = f.take("num_key_value_heads", h)
-        f.expect("hidden_act", ("silu",), "blocklab's swiglu gates with SiLU")
+        plain = self.core_in(f)
         f.take("pretraining_tp")  # slices the same matmuls: the same function
-        mlp_bias = bool(f.take("mlp_bias", False))
-        max_pos = f.take("max_position_embeddings", 2048)
-        bias = f.take("attention_bias", False)
+        plain["ffn"]["bias"] = bool(f.take("mlp_bias", False))
+        plain["attention"]["bias"] = bool(f.take("attention_bias", False))
+        return plain
+
+    def core_in(self, f: Fields) -> dict[str, Any]:
+        """The keys of every Llama-layout config (no biases, every layer global)."""
+        d, h = f.take("hidden_size"), f.take("num_attention_heads")
+        kv = f.take("num_key_value_heads", self.defaults["num_key_value_heads"])
+        kv = h if kv is None else kv
+        f.expect("hidden_act", ("silu",), "blocklab's swiglu gates with SiLU")
+        max_pos = f.take("max_position_embeddings", self.defaults["max_position_embeddings"])
         return {
             "family": {"name": "decoder"}, "norm": {"name": "rmsnorm",
                                                     "eps": f.take("rms_norm_eps", 1e-6)},
             "block": {"name": "pre"}, "position": _rope_in(f, max_pos),
-            "ffn": {"name": "swiglu", "bias": mlp_bias},
+            "ffn": {"name": "swiglu", "bias": False},
             "attention": {"name": _attention_name(h, kv),
-                          "n_kv_heads": kv if 1 < kv < h else None, "bias": bool(bias),
+                          "n_kv_heads": kv if 1 < kv < h else None, "bias": False,
                           "dropout": float(f.take("attention_dropout", 0.0))},
             "vocab_size": f.take("vocab_size"), "d_model": d,
             "n_layers": f.take("num_hidden_layers"), "n_heads": h,
@@ -158,17 +169,34 @@ class Llama(Arch):
         }
 
     def config_out(self, m: ModelConfig) -> dict[str, Any]:
+        return {**self.core_out(m), "attention_bias": m.attention.bias,
+                "mlp_bias": m.ffn.bias, "pretraining_tp": 1}
+
+    def core_out(self, m: ModelConfig) -> dict[str, Any]:
         return {
-            "architectures": [self.hf_class], "model_type": "llama",
+            "architectures": [self.hf_class], "model_type": self.model_types[0],
             "vocab_size": m.vocab_size, "hidden_size": m.d_model,
             "intermediate_size": m.d_ff, "num_hidden_layers": m.n_layers,
             "num_attention_heads": m.n_heads, "num_key_value_heads": m.kv_heads,
             "head_dim": m.head_dim, "hidden_act": "silu",
             "max_position_embeddings": m.max_seq_len, "rms_norm_eps": m.norm.eps,
-            "rope_parameters": _rope_out(m), "attention_bias": m.attention.bias,
-            "attention_dropout": m.attention.dropout, "mlp_bias": m.ffn.bias,
-            "tie_word_embeddings": m.tie_embeddings, "pretraining_tp": 1,
+            "rope_parameters": _rope_out(m), "attention_dropout": m.attention.dropout,
+            "tie_word_embeddings": m.tie_embeddings,
         }
+
+    def attn_in(self, w: Weights, m: ModelConfig, a: str, b: str, out: dict[str, Tensor]) -> None:
+        """HF layer ``a``'s q/k/v/o projections -> blocklab block ``b``'s fused qkv and out."""
+        for kind in (["weight", "bias"] if m.attention.bias else ["weight"]):
+            out[b + f"attn.qkv.{kind}"] = w.cat(*(a + f"self_attn.{x}_proj.{kind}" for x in "qkv"))
+            out[b + f"attn.out.{kind}"] = w.take(a + f"self_attn.o_proj.{kind}")
+
+    def attn_out(self, s: dict[str, Tensor], m: ModelConfig, a: str, b: str,
+                 out: dict[str, Tensor]) -> None:
+        q, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
+        for kind in (["weight", "bias"] if m.attention.bias else ["weight"]):
+            for x, t in zip("qkv", s[b + f"attn.qkv.{kind}"].split([q, kv, kv])):
+                out[a + f"self_attn.{x}_proj.{kind}"] = t
+            out[a + f"self_attn.o_proj.{kind}"] = s[b + f"attn.out.{kind}"]
 
     def weights_in(self, w: Weights, m: ModelConfig) -> dict[str, Tensor]:
         p = "model." if w.has("model.embed_tokens.weight") else ""
@@ -177,10 +205,7 @@ class Llama(Arch):
             a, b = f"{p}layers.{i}.", f"decoder.blocks.{i}."
             out[b + "norms.0.weight"] = w.take(a + "input_layernorm.weight")
             out[b + "norms.1.weight"] = w.take(a + "post_attention_layernorm.weight")
-            for kind in (["weight", "bias"] if m.attention.bias else ["weight"]):
-                out[b + f"attn.qkv.{kind}"] = w.cat(*(a + f"self_attn.{x}_proj.{kind}"
-                                                      for x in "qkv"))
-                out[b + f"attn.out.{kind}"] = w.take(a + f"self_attn.o_proj.{kind}")
+            self.attn_in(w, m, a, b, out)
             for kind in (["weight", "bias"] if m.ffn.bias else ["weight"]):
                 out[b + f"ffn.gate_up.{kind}"] = w.cat(a + f"mlp.gate_proj.{kind}",
                                                        a + f"mlp.up_proj.{kind}")
@@ -191,15 +216,11 @@ class Llama(Arch):
 
     def weights_out(self, s: dict[str, Tensor], m: ModelConfig) -> dict[str, Tensor]:
         out = {"model.embed_tokens.weight": s["embed.weight"]}
-        q, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
         for i in range(m.n_layers):
             a, b = f"model.layers.{i}.", f"decoder.blocks.{i}."
             out[a + "input_layernorm.weight"] = s[b + "norms.0.weight"]
             out[a + "post_attention_layernorm.weight"] = s[b + "norms.1.weight"]
-            for kind in (["weight", "bias"] if m.attention.bias else ["weight"]):
-                for x, t in zip("qkv", s[b + f"attn.qkv.{kind}"].split([q, kv, kv])):
-                    out[a + f"self_attn.{x}_proj.{kind}"] = t
-                out[a + f"self_attn.o_proj.{kind}"] = s[b + f"attn.out.{kind}"]
+            self.attn_out(s, m, a, b, out)
             for kind in (["weight", "bias"] if m.ffn.bias else ["weight"]):
                 gate, up = s[b + f"ffn.gate_up.{kind}"].chunk(2, dim=0)
                 out[a + f"mlp.gate_proj.{kind}"], out[a + f"mlp.up_proj.{kind}"] = gate, up
@@ -570,14 +591,3 @@ class T5(Arch):
         if not m.tie_embeddings:
             out["lm_head.weight"] = s["head.proj.weight"]
         return out
-
-
-ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (Llama(), GPT2(), Bert(), T5())}
-
-
-def arch_for_model_type(model_type: str | None, where: str) -> Arch:
-    for arch in ARCHITECTURES.values():
-        if model_type in arch.model_types:
-            return arch
-    known = sorted(t for a in ARCHITECTURES.values() for t in a.model_types)
-    raise ConfigError(f"hf config {where}: model_type={model_type!r}: blocklab imports {known}")

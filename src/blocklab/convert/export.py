@@ -12,11 +12,13 @@ from typing import Any
 from blocklab import checkpoint as ckpt
 from blocklab.config import ModelConfig, model_config, model_to_dict
 from blocklab.convert.api import CONVERTER_VERSION, nbytes
-from blocklab.convert.archs import ARCHITECTURES, Arch
+from blocklab.convert.archs import Arch
 from blocklab.convert.fields import Fields
 from blocklab.convert.progress import Progress
+from blocklab.convert.table import ARCHITECTURES
 from blocklab.errors import ConfigError
 from blocklab.files import check_destination, write_dir_atomic, write_file
+from blocklab.model.masks import layer_window
 from blocklab.provenance import versions
 
 
@@ -29,6 +31,8 @@ def _compare(arch: Arch, m: ModelConfig) -> tuple[bool, list[str]]:
         return False, [str(e).split(": ", 1)[-1]]
     want, got = _normal(m), _normal(back)
     skip = set(arch.unmapped)
+    if _layer_windows(m) == _layer_windows(back):  # one pattern, written either way
+        skip |= {"attention.global_every", "attention.layers"}
     return True, [f"model.{k}={v!r} ({arch.name} has {got.get(k)!r})" for k, v in want.items()
                   if k not in skip and not _same(v, got.get(k))]
 
@@ -40,6 +44,12 @@ def _normal(m: ModelConfig) -> dict[str, Any]:
     d["d_head"], d["attention.n_kv_heads"] = m.head_dim, m.kv_heads
     d["family.n_encoder_layers"] = m.encoder_layers if m.family.name == "encoder_decoder" else None
     return d
+
+
+def _layer_windows(m: ModelConfig) -> list[int | None]:
+    """Each layer's window (masks.layer_window) over the deepest stack: ``global_every: 2``
+    and ``layers: [local, global]`` are the same model."""
+    return [layer_window(m.attention, i) for i in range(max(m.n_layers, m.encoder_layers))]
 
 
 def _same(a: Any, b: Any) -> bool:

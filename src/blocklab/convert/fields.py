@@ -51,6 +51,12 @@ class Fields:
                 return self.config[k]
         return default
 
+    def take_nullable(self, key: str, default: Any) -> Any:
+        """Like ``take``, for a key whose explicit null means something (``sliding_window:
+        null`` = no window): ``default`` only when the key is absent."""
+        self.left.discard(key)
+        return self.config.get(key, default)
+
     def expect(self, key: str, allowed: tuple[Any, ...], why: str) -> Any:
         """``key`` must be absent or one of ``allowed`` (its first entry is the default)."""
         value = self.take(key, allowed[0])

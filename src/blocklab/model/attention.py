@@ -128,8 +128,9 @@ class SoftmaxAttention(Mixer):
     ``n_heads / n_kv_heads`` query heads (the head layout, ``model.attention``: GQA, arXiv
     2305.13245; MQA, arXiv 1911.02150).
 
-    A local layer (``model.attention.window`` on the layers ``global_every`` leaves local,
-    :func:`~blocklab.model.masks.layer_window`: Longformer, arXiv 2004.05150; Mistral; Gemma 2)
+    A local layer (``model.attention.window`` on the layers ``global_every`` / ``layers`` leave
+    local, :func:`~blocklab.model.masks.layer_window`: Longformer, arXiv 2004.05150; Mistral;
+    Gemma 2)
     computes its scores in blocks: each block of ``L >= window - 1`` queries attends over the
     keys of its band (the previous and its own block; encoders also the next), masked by the
     same rules as the dense path, so training and prefill cost ``O(T · window)``, equal to the
@@ -145,7 +146,7 @@ class SoftmaxAttention(Mixer):
         h, hkv, d = self.n_heads, self.n_kv_heads, self.d_head
         self.qkv = nn.Linear(m.d_model, (h + 2 * hkv) * d, bias=a.bias)
         #: keys per query of this layer (None = global)
-        self.window = masks.layer_window(a.window, a.global_every, layer)
+        self.window = masks.layer_window(a, layer)
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         b, t, _ = x.shape
@@ -231,7 +232,7 @@ class SoftmaxAttention(Mixer):
     def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:
         """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311) or
         ``min(window, T)`` (a local one: the blocked computation never scores far keys)."""
-        window = masks.layer_window(m.attention.window, m.attention.global_every, layer)
+        window = masks.layer_window(m.attention, layer)
         return seq_len if window is None else min(window, seq_len)
 
     @classmethod
@@ -247,7 +248,7 @@ class SoftmaxAttention(Mixer):
                     bytes_per_value: int) -> int:
         """K and V of every token so far, or of the ``min(window - 1, T)`` a local layer's
         ring keeps: ``2 · B · H_kv · d_head · bytes`` per token."""
-        window = masks.layer_window(m.attention.window, m.attention.global_every, layer)
+        window = masks.layer_window(m.attention, layer)
         tokens = seq_len if window is None else ring_slots(window, seq_len)
         return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
 

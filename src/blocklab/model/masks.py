@@ -39,10 +39,13 @@ Shapes: B batch, H heads, Tq queries, Tk keys.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from blocklab.config import AttentionConfig
 
 
 @dataclass(frozen=True)
@@ -67,15 +70,22 @@ def causal_allowed(q_len: int, k_len: int, device: torch.device | None = None) -
     return k_idx <= q_idx
 
 
-def layer_window(window: int | None, global_every: int, layer: int) -> int | None:
-    """The window of 0-based ``layer`` (``model.attention.window`` / ``global_every``): None
-    (global) without a window and for layers ``n, 2n, ...`` (1-based) when ``global_every = n``
-    >= 2; else ``window`` (every layer local at ``global_every = 0``), the interleaving of
-    Gemma 2 / Mistral-style local attention ("Longformer", arXiv 2004.05150; "Gemma 2",
-    arXiv 2408.00118)."""
-    if window is None or (global_every and (layer + 1) % global_every == 0):
+def layer_window(attention: AttentionConfig, layer: int) -> int | None:
+    """The window of 0-based ``layer`` of a stack under ``model.attention`` (window,
+    global_every, layers): None (global) without a window; with an explicit ``layers``
+    pattern, its entry (repeated over the layers: Qwen2's "first k layers full"); else None for
+    layers ``n, 2n, ...`` (1-based) when ``global_every = n`` >= 2 and ``window`` otherwise
+    (every layer local at ``global_every = 0``) — the interleaving of Gemma 2 / Mistral-style
+    local attention ("Longformer", arXiv 2004.05150; "Gemma 2", arXiv 2408.00118). Every
+    caller (the softmax mixer, its cost model, the estimator) asks here, so they agree."""
+    a = attention
+    if a.window is None:
         return None
-    return window
+    if a.layers:
+        return None if a.layers[layer % len(a.layers)] == "global" else a.window
+    if a.global_every and (layer + 1) % a.global_every == 0:
+        return None
+    return a.window
 
 
 def token_order(valid: Tensor | None, batch: int, length: int,
