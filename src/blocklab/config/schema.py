@@ -616,6 +616,11 @@ class EvalConfig:
     # the validation loss on the run's own data: auto = when that needs no file (synthetic
     # data), skipped for a text run; true = read the run's recorded text sources; false = none
     run_data: str = "auto"
+    # another corpus to compute the loss and perplexity on ('data.files=[...]' or
+    # data.val_files, or a data= option): its sources and reading format from here, tokenized
+    # with the checkpoint's own tokenizer; sequence length, packing and masking from the run.
+    # No sources = none.
+    data: DataConfig = field(default_factory=lambda: DataConfig(name=DataName.text))
 
 
 @dataclass

@@ -516,5 +516,14 @@ def validate_eval(cfg: EvalConfig) -> EvalConfig:
     cfg.run_data = str(cfg.run_data).lower()  # true / false arrive as "True" / "False"
     _one_of("run_data", cfg.run_data, RUN_DATA, "auto: the run's data where that opens no "
             "file (synthetic); true: read the run's recorded text sources; false: no loss")
+    if has_sources(cfg.data):
+        _check(cfg.hf_model is None, "data", _name(cfg.data.name),
+               "the loss on another corpus is for blocklab checkpoints (ckpt=), not hf_model")
+        _check(_name(cfg.data.name) == DataName.text.value, "data.name", _name(cfg.data.name),
+               "blocklab-eval data= evaluates on text (data=text_files and data.files / "
+               "data.val_files)", "a synthetic run's own data is its validation loss (run_data)")
+        validate_text_sources(cfg.data, evaluation=True)
+        _one_of("data.format", cfg.data.format, DATA_FORMATS)
+        _one_of("data.utf8_errors", cfg.data.utf8_errors, UTF8_ERRORS)
     validate_probe_spec(cfg.probes, "probes", synthetic=False if cfg.hf_model else None)
     return cfg
