@@ -11,13 +11,20 @@ import contextlib
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from blocklab import checkpoint as ckpt
-from blocklab.config import ConfigError, TrainConfig, validate_probe_spec, validate_run_probe_spec
+from blocklab.config import (
+    ConfigError,
+    DataConfig,
+    TrainConfig,
+    validate_probe_spec,
+    validate_run_probe_spec,
+)
 from blocklab.config.stored import stored_config
 from blocklab.provenance import config_hash, digest
 
@@ -65,7 +72,8 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
     return result
 
 
-def summed_loss(model: torch.nn.Module, objective, make, batches) -> tuple[float, int]:
+def summed_loss(model: torch.nn.Module, objective: Any, make: Callable[..., Any],
+                batches: Iterable[Sequence[tuple[int, int | None]]]) -> tuple[float, int]:
     """(summed loss, targets) of ``model`` over the examples ``make(index, step)`` of each
     batch of ``(index, step)`` keys, collated and scored by the family's ``objective``."""
     total, count = 0.0, 0
@@ -76,7 +84,7 @@ def summed_loss(model: torch.nn.Module, objective, make, batches) -> tuple[float
 
 
 @torch.no_grad()
-def corpus_loss(loaded: ckpt.Loaded, data, *, model: torch.nn.Module,
+def corpus_loss(loaded: ckpt.Loaded, data: DataConfig, *, model: torch.nn.Module,
                 batches: int | None = None, batch_size: int | None = None,
                 out_dir: str | Path | None = None) -> dict[str, Any]:
     """``blocklab-eval ckpt=... data=...``: the loss and perplexity of the checkpoint's model on
@@ -133,7 +141,8 @@ def result_lines(r: dict[str, Any]) -> list[str]:
 
 def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = None,
                         batch_size: int | None = None, out: str | Path | None = None,
-                        run_data: str = "auto", data=None):
+                        run_data: str = "auto", data: DataConfig | None = None
+                        ) -> tuple[dict[str, Any], Any]:
     """``blocklab-eval ckpt=...``: validation loss — with ``data`` (a data config naming text),
     the loss and perplexity on that corpus instead (and the run's own too with
     ``run_data=true``: :func:`corpus_loss`) — then the probes (when ``spec`` is enabled).
