@@ -151,12 +151,10 @@ def _eval(cfg: DictConfig) -> None:
         print(f"probe results   {r.out_dir}")
         return
     r, p = ev.evaluate_checkpoint(ec.ckpt, spec, val_batches=ec.val_batches,
-                                  batch_size=ec.batch_size, out=ec.out, run_data=ec.run_data)
-    if r["val_loss"] is None:
-        print(f"checkpoint {r['checkpoint']}: {r['skipped']}")
-    else:
-        print(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss {r['val_loss']:.4f} "
-              f"over {r['val_targets']} targets")
+                                  batch_size=ec.batch_size, out=ec.out, run_data=ec.run_data,
+                                  data=ec.data)
+    for line in ev.result_lines(r):
+        print(line)
     if p is not None:
         print(f"probe results   {p.out_dir}")
 

@@ -294,8 +294,8 @@ def test_too_little_data_is_an_error_with_sizes(tmp_path) -> None:
     with pytest.raises(DataError) as e:
         stream_for(tmp_path, ascii_docs([5, 6, 7, 8]), batch_size=64)
     assert "batch_size=64" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(DataError, match="nothing for validation"):
-        stream_for(tmp_path / "one", ascii_docs([3]), batch_size=1)
+    with pytest.raises(DataError, match=r"too few to hold out the last data\.val_fraction"):
+        stream_for(tmp_path / "one", ascii_docs([0]), batch_size=1)  # 5 tokens: 1 held out
 
 
 # ---------------------------------------------------------------------------------- windows
@@ -306,7 +306,7 @@ def test_packed_windows_lay_the_training_documents_end_to_end(tmp_path) -> None:
     stream, cfg = stream_for(tmp_path, docs, cls=Windows, packing=True, seq_len=15)
     width = cfg.seq_len + 1
     train_stream = [t for d in stream.train_docs.tolist() for t in full_ids(docs[d])]
-    windows = [stream._window(stream.train_docs, stream.train_ends, w)
+    windows = [stream._window(stream.train_spans, stream.train_ends, w)
                for w in range(stream.n_train)]
     assert [t for w in windows for t in w.tokens] == train_stream[: stream.n_train * width]
     for w in windows:

@@ -55,6 +55,7 @@ def prepare_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     ("SIGKILL@shard:1", "byte", "tokens-00000.bin"),  # half-way: one shard of three written
     ("SIGKILL@publish:1", "byte", "manifest.json"),  # complete, just before the rename
     ("SIGKILL@publish:1", "bpe", None),  # the trained tokenizer, just before its rename
+    ("SIGKILL@publish:1", "char", None),  # the character vocabulary, just before its rename
 ])
 def test_a_killed_preparation_leaves_temporaries_the_next_one_removes(tmp_path, capfd, fault,
                                                                       tokenizer, left):
@@ -69,7 +70,7 @@ def test_a_killed_preparation_leaves_temporaries_the_next_one_removes(tmp_path, 
     if left is not None:
         assert tmp.is_dir() and (tmp / left).is_file()
     else:
-        assert tmp.parent.name == "tokenizers" and tmp.name.startswith(".bpe-")
+        assert tmp.parent.name == "tokenizers" and tmp.name.startswith(f".{tokenizer}-")
     again = run_cli(capfd, "blocklab-prepare", *args)
     assert again.returncode == 0, again.stderr[-2000:]
     assert leftovers(cache) == []

@@ -74,6 +74,7 @@ from blocklab.config.schema import (
 )
 from blocklab.config.validate import (
     MODEL_AXES,
+    has_sources,
     validate_data,
     validate_eval,
     validate_logger,
@@ -82,6 +83,7 @@ from blocklab.config.validate import (
     validate_optim,
     validate_run_probe_spec,
     validate_schedule,
+    validate_text_sources,
     validate_train,
     validate_trainer,
 )
@@ -131,6 +133,7 @@ __all__ = [
     "counting_min_length",
     "distinct_ids",
     "distinct_pairs",
+    "has_sources",
     "model_config",
     "model_to_dict",
     "mqar_min_length",
@@ -151,6 +154,7 @@ __all__ = [
     "validate_probe_spec",
     "validate_run_probe_spec",
     "validate_schedule",
+    "validate_text_sources",
     "validate_train",
     "validate_trainer",
 ]

@@ -327,6 +327,7 @@ class TokenizerName(enum.Enum):
     bpe = "bpe"  # byte-level BPE trained on the corpus with `tokenizers`
     byte = "byte"  # raw UTF-8 bytes + specials
     file = "file"  # a saved tokenizer.json (HF `tokenizers` format)
+    char = "char"  # one id per character seen in the corpus (nanoGPT's shakespeare_char)
 
 
 @dataclass
@@ -336,7 +337,9 @@ class TokenizerConfig:
     # file: a tokenizer.json, or a Hugging Face tokenizer directory (tokenizer.json plus
     # special_tokens_map.json / tokenizer_config.json naming its special tokens)
     path: str | None = None
-    sample_bytes: int = 64_000_000  # bpe: trained on at most this much text (a seeded sample)
+    # bpe: trained on at most this much text (a seeded sample); char: the characters of at
+    # most this much text make the vocabulary (others read as <unk>)
+    sample_bytes: int = 64_000_000
 
 
 @dataclass
@@ -388,10 +391,21 @@ class DataConfig:
     text_key: str = "text"  # json / parquet / disk: the text column
     documents: str = "file"  # text format: one document per file | line | paragraph
     hub_dataset: str | None = None  # a Hugging Face hub dataset name (streamed; needs network)
+    # the split training reads, of a hub dataset or of a saved DatasetDict (format=disk)
     hub_split: str = "train"
+    # validation text of your own: files, directories or glob patterns read like data.files
+    # (same format, documents, text_key); every document of them validates, nothing is held out
+    val_files: list[str] = field(default_factory=list)
+    # the validation split of a saved DatasetDict or a hub dataset: auto = a saved DatasetDict's
+    # "validation" split when it has one (a hub dataset's only when named); none = held out
+    # (val_fraction); or a split name
+    val_split: str = "auto"
     cache_dir: str | None = None  # prepared corpora (null: $BLOCKLAB_DATA_CACHE or outputs/.cache/data)
     num_proc: int | None = None  # preparation processes (null: every core, at most 8)
     fingerprint: str = "stat"  # sources identified by name+size+mtime (stat) or content hash
+    # without a validation source (val_files / val_split): whole documents held out by a seeded
+    # draw, or the last val_fraction of the corpus's tokens when the corpus has too few
+    # documents for that (fewer than 1 / (2 val_fraction): one document, nanoGPT-style)
     val_fraction: float = 0.02
     long_documents: str = "split"  # split | truncate
     utf8_errors: str = "replace"  # replace (and count) | strict (fail naming file and offset)
@@ -609,6 +623,11 @@ class EvalConfig:
     # the validation loss on the run's own data: auto = when that needs no file (synthetic
     # data), skipped for a text run; true = read the run's recorded text sources; false = none
     run_data: str = "auto"
+    # another corpus to compute the loss and perplexity on ('data.files=[...]' or
+    # data.val_files, or a data= option): its sources and reading format from here, tokenized
+    # with the checkpoint's own tokenizer; sequence length, packing and masking from the run.
+    # No sources = none.
+    data: DataConfig = field(default_factory=lambda: DataConfig(name=DataName.text))
 
 
 @dataclass

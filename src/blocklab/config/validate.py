@@ -345,30 +345,69 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
     else:
         _check(not synthetic_tok, "tokenizer.name", _name(tok.name),
                "the synthetic vocabulary only tokenizes synthetic data",
-               "use tokenizer=bpe, byte or file")
-        if d.corpus:
-            from blocklab import registry
-
-            registry.lookup("corpus", d.corpus, f"{key}.corpus")
-        else:
-            _check(bool(d.files) or bool(d.hub_dataset), f"{key}.files", list(d.files),
-                   "text data needs data.corpus, data.files or data.hub_dataset")
-        _check(d.format != "disk" or d.corpus or len(d.files) == 1, f"{key}.files",
-               list(d.files), "format=disk reads one dataset directory (saved with "
-               "datasets' save_to_disk)")
-        _one_of(f"{key}.documents", d.documents, DOCUMENT_SPLITS)
-        _one_of(f"{key}.fingerprint", d.fingerprint, SOURCE_FINGERPRINTS)
-        _check(d.num_proc is None or d.num_proc >= 1, f"{key}.num_proc", d.num_proc,
-               "must be null (every core) or >= 1")
-        _check(d.format == "text" or bool(d.text_key), f"{key}.text_key", d.text_key,
-               f"{d.format} records need the name of their text column")
+               "use tokenizer=bpe, byte, char or file")
+        validate_text_sources(d, key)
     if _name(tok.name) == TokenizerName.file.value:
         _check(bool(tok.path), "tokenizer.path", tok.path, "tokenizer=file needs a path to a "
                "tokenizer.json")
     if _name(tok.name) == TokenizerName.bpe.value:
         _check(tok.vocab_size >= 1, "tokenizer.vocab_size", tok.vocab_size, "must be >= 1")
+    if _name(tok.name) in (TokenizerName.bpe.value, TokenizerName.char.value):
         _check(tok.sample_bytes >= 1, "tokenizer.sample_bytes", tok.sample_bytes, "must be >= 1")
     return d
+
+
+def has_sources(d: DataConfig | None) -> bool:
+    """Whether a data config names any text (``blocklab-eval``'s ``data``: none = no corpus)."""
+    return d is not None and bool(d.files or d.val_files or d.corpus or d.hub_dataset)
+
+
+#: data.val_split's choices besides a split name
+VAL_SPLITS = ("auto", "none")
+
+
+def validate_text_sources(d: DataConfig, key: str = "data", *, evaluation: bool = False
+                          ) -> DataConfig:
+    """Where text comes from and how it is read: a corpus, files or a hub dataset (for an
+    evaluation corpus, ``blocklab-eval data=``, validation files alone do), and the validation
+    source (``val_files`` / ``val_split``) that replaces the held-out fraction."""
+    if d.corpus:
+        from blocklab import registry
+
+        registry.lookup("corpus", d.corpus, f"{key}.corpus")
+    else:
+        _check(bool(d.files) or bool(d.hub_dataset) or (evaluation and bool(d.val_files)),
+               f"{key}.files", list(d.files),
+               "text data needs data.corpus, data.files or data.hub_dataset"
+               + (" (or data.val_files)" if evaluation else ""))
+    _check(d.format != "disk" or d.corpus or not d.files or len(d.files) == 1, f"{key}.files",
+           list(d.files), "format=disk reads one dataset directory (saved with datasets' "
+           "save_to_disk)")
+    _check(d.format != "disk" or len(d.val_files) <= 1, f"{key}.val_files", list(d.val_files),
+           "format=disk reads one dataset directory (saved with datasets' save_to_disk)")
+    has_splits = bool(d.hub_dataset) or (d.format == "disk" and not d.corpus)
+    _check(has_splits or d.hub_split == "train", f"{key}.hub_split", d.hub_split,
+           f"only a hub dataset or a saved DatasetDict (format=disk) has splits; "
+           f"{_source_words(d)} have none", "leave it at 'train'")
+    named = d.val_split not in VAL_SPLITS
+    _check(bool(d.val_split) and (not named or has_splits), f"{key}.val_split", d.val_split,
+           f"auto, none or the name of a split of a hub dataset or a saved DatasetDict "
+           f"(format=disk); {_source_words(d)} have no splits",
+           "give validation files with data.val_files")
+    _check(not (named and d.val_files), f"{key}.val_split", d.val_split,
+           f"data.val_files={list(d.val_files)} is the validation source already; give one")
+    _one_of(f"{key}.documents", d.documents, DOCUMENT_SPLITS)
+    _one_of(f"{key}.fingerprint", d.fingerprint, SOURCE_FINGERPRINTS)
+    _check(d.num_proc is None or d.num_proc >= 1, f"{key}.num_proc", d.num_proc,
+           "must be null (every core) or >= 1")
+    _check(d.format == "text" or bool(d.text_key), f"{key}.text_key", d.text_key,
+           f"{d.format} records need the name of their text column")
+    return d
+
+
+def _source_words(d: DataConfig) -> str:
+    return (f"corpus {d.corpus}'s files" if d.corpus else
+            f"data.files in format {d.format}")
 
 
 def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
@@ -502,5 +541,14 @@ def validate_eval(cfg: EvalConfig) -> EvalConfig:
     cfg.run_data = str(cfg.run_data).lower()  # true / false arrive as "True" / "False"
     _one_of("run_data", cfg.run_data, RUN_DATA, "auto: the run's data where that opens no "
             "file (synthetic); true: read the run's recorded text sources; false: no loss")
+    if has_sources(cfg.data):
+        _check(cfg.hf_model is None, "data", _name(cfg.data.name),
+               "the loss on another corpus is for blocklab checkpoints (ckpt=), not hf_model")
+        _check(_name(cfg.data.name) == DataName.text.value, "data.name", _name(cfg.data.name),
+               "blocklab-eval data= evaluates on text (data=text_files and data.files / "
+               "data.val_files)", "a synthetic run's own data is its validation loss (run_data)")
+        validate_text_sources(cfg.data, evaluation=True)
+        _one_of("data.format", cfg.data.format, DATA_FORMATS)
+        _one_of("data.utf8_errors", cfg.data.utf8_errors, UTF8_ERRORS)
     validate_probe_spec(cfg.probes, "probes", synthetic=False if cfg.hf_model else None)
     return cfg

@@ -26,7 +26,7 @@ from blocklab.files import sha256_file
 
 def sweep(root: Path) -> None:
     """Remove what killed preparations left under ``root``: a corpus's temporary folder
-    ``.tmp-<fingerprint>-<pid>`` or a tokenizer's ``tokenizers/.bpe-<key>.json.tmp-<pid>``
+    ``.tmp-<fingerprint>-<pid>`` or a tokenizer's ``tokenizers/.<bpe|char>-<key>.json.tmp-<pid>``
     whose lock nobody holds. Whoever writes one holds that lock until its rename, and the
     kernel drops the lock of a killed process, so a free lock means a dead writer; a live
     preparer (another fingerprint, another process) keeps its lock and its temporary."""
@@ -34,7 +34,8 @@ def sweep(root: Path) -> None:
         return
     found = [(p, p.name[len(".tmp-"):].rsplit("-", 1)[0]) for p in root.glob(".tmp-*-*")]
     found += [(p, p.name[1:].split(".json.tmp-")[0])
-              for p in (root / "tokenizers").glob(".bpe-*.json.tmp-*")]
+              for kind in ("bpe", "char")
+              for p in (root / "tokenizers").glob(f".{kind}-*.json.tmp-*")]
     for path, name in found:
         with locked(root, name, wait=False) as free:
             if free and path.is_dir():

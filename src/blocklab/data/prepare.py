@@ -58,6 +58,7 @@ from blocklab.data.tokenizer import (
     BLOCKLAB_SPECIALS,
     Specials,
     byte_tokenizer,
+    char_tokenizer,
     load_user_tokenizer,
     train_bpe,
 )
@@ -100,16 +101,24 @@ def cache_root(data: DataConfig) -> Path:
     return Path(data.cache_dir or os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
 
 
-def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared:
-    """The prepared corpus of ``data`` tokenized by ``tok_cfg``: reused when its fingerprint
-    is on disk and verifies, built otherwise."""
+def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None, like: Prepared | None = None,
+            key: str = "data.files") -> Prepared:
+    """The prepared corpus of ``data`` tokenized by ``tok_cfg`` — or, given ``like`` (another
+    prepared corpus: the training corpus of a validation source), by ``like``'s tokenizer and
+    special ids: reused when its fingerprint is on disk and verifies, built otherwise. ``key``
+    is the config key errors about the sources name."""
     log = log or _stderr
-    files = [] if data.hub_dataset else resolve_files(data)
+    files = [] if data.hub_dataset else resolve_files(data, key)
     items = plan(data, files, processes(data))
     root = cache_root(data)
     sweep(root)
     source_fp = sources_fingerprint(data, files)
-    tok, specials, notes = tokenizer_for(data, tok_cfg, items, source_fp, root, log)
+    if like is not None:
+        from blocklab.data.tokenizer import tokenizer_from_json
+
+        tok, specials, notes = tokenizer_from_json(like.tokenizer_json), like.specials, []
+    else:
+        tok, specials, notes = tokenizer_for(data, tok_cfg, items, source_fp, root, log)
     for note in notes:
         log(note)
     tok_json = tok.to_str()
@@ -124,13 +133,17 @@ def prepare(data: DataConfig, tok_cfg: TokenizerConfig, *, log=None) -> Prepared
             aside = set_aside(final)
             log(f"warning: prepared corpus {final}: {problem}; kept as {aside.name}, "
                 "preparing it again")
-        _build(final, items, data, tok, specials, log)
+        _build(final, items, data, tok, specials, log, key)
     return _load(final, fingerprint)
 
 
 def sources_fingerprint(data: DataConfig, files: list[Path]) -> str:
-    """Identifies the sources and the reading settings (not the tokenizer)."""
+    """Identifies the sources and the reading settings (not the tokenizer). ``hub_split`` only
+    where it picks the rows (a hub dataset, a saved DatasetDict): elsewhere it reads as its
+    default, so it cannot change the fingerprint of files that have no splits."""
     fields = {k: getattr(data, k) for k in TOKEN_FIELDS}
+    if not (data.hub_dataset or (data.format == "disk" and not data.corpus)):
+        fields["hub_split"] = "train"
     if data.fingerprint == "content":
         listing = [(str(f.resolve()), sha256_file(f)) for f in files]
     else:
@@ -143,35 +156,60 @@ def sources_fingerprint(data: DataConfig, files: list[Path]) -> str:
 
 def tokenizer_for(data: DataConfig, cfg: TokenizerConfig, items: list[WorkItem],
                   source_fp: str, root: Path, log) -> tuple[Any, Specials, list[str]]:
-    """(tokenizer, specials, notes). A BPE is trained once per (sources, settings) on a
-    seeded sample and cached under ``<cache>/tokenizers/``."""
-    from tokenizers import Tokenizer
-
+    """(tokenizer, specials, notes). A BPE or a character vocabulary is built once per
+    (sources, settings) from a seeded sample and cached under ``<cache>/tokenizers/``."""
     name = cfg.name
     if name is TokenizerName.file:
         return load_user_tokenizer(cfg.path)
     if name is TokenizerName.byte:
         return byte_tokenizer(), BLOCKLAB_SPECIALS, []
-    if name is not TokenizerName.bpe:
+    if name is TokenizerName.bpe:
+        key = digest({"sources": source_fp, "vocab_size": cfg.vocab_size,
+                      "sample_bytes": cfg.sample_bytes, "seed": data.seed})
+
+        def build() -> Any:
+            log(f"tokenizer: training a byte-level BPE (vocab {cfg.vocab_size}) on a sample of "
+                f"at most {cfg.sample_bytes / 1e6:.0f} MB of the sources ...")
+            return train_bpe(cfg, _sample(items, data, cfg.sample_bytes),
+                             progress=sys.stderr.isatty(), log=log)
+    elif name is TokenizerName.char:
+        key = digest({"kind": "char", "sources": source_fp, "sample_bytes": cfg.sample_bytes,
+                      "seed": data.seed})
+
+        def build() -> Any:
+            seen: set[str] = set()
+            size = 0
+            for piece in _sample(items, data, cfg.sample_bytes):
+                seen.update(piece)
+                size += len(piece)
+            tok = char_tokenizer(seen)
+            log(f"tokenizer: a character vocabulary of {tok.get_vocab_size():,} ids — "
+                f"{len(seen):,} characters seen in {size:,} characters of the sources, "
+                "blocklab's specials and <unk>")
+            return tok
+    else:
         raise DataError(f"data error: tokenizer.name={name.value!r}: cannot tokenize text")
-    key = digest({"sources": source_fp, "vocab_size": cfg.vocab_size,
-                  "sample_bytes": cfg.sample_bytes, "seed": data.seed})
-    path = root / "tokenizers" / f"bpe-{key}.json"
-    with locked(root, f"bpe-{key}"):
+    return _cached(root, f"{name.value}-{key}", build), BLOCKLAB_SPECIALS, []
+
+
+def _cached(root: Path, stem: str, build) -> Any:
+    """The tokenizer ``<root>/tokenizers/<stem>.json``, built (``build()``) and published
+    atomically by the first preparer; the others wait for it and read it."""
+    from tokenizers import Tokenizer
+
+    path = root / "tokenizers" / f"{stem}.json"
+    with locked(root, stem):
         if path.is_file():
             tok = Tokenizer.from_file(str(path))
             tok.encode_special_tokens = True
-            return tok, BLOCKLAB_SPECIALS, []
-        sample = _sample(items, data, cfg.sample_bytes)
-        log(f"tokenizer: training a byte-level BPE (vocab {cfg.vocab_size}) on a sample of at "
-            f"most {cfg.sample_bytes / 1e6:.0f} MB of the sources ...")
-        tok = train_bpe(cfg, sample, progress=sys.stderr.isatty(), log=log)
+            return tok
+        tok = build()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         tmp.write_text(tok.to_str())
         maybe_fault("publish", next(_PUBLISHED))
         tmp.replace(path)
-    return tok, BLOCKLAB_SPECIALS, []
+    return tok
 
 
 def _sample(items: list[WorkItem], data: DataConfig, budget: int) -> Iterator[str]:
@@ -197,7 +235,7 @@ def dtype_for(vocab_size: int) -> np.dtype:
 
 
 def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: Specials,
-           log) -> None:
+           log, key: str = "data.files") -> None:
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     for stale in final.parent.glob(f".tmp-{final.name}-*"):  # killed while holding our lock
         shutil.rmtree(stale, ignore_errors=True)
@@ -213,15 +251,15 @@ def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: 
             files.update(result.files)
             maybe_fault("shard", n)
         if not stats.documents and not stats.empty_dropped:
-            raise DataError(f"data error: data.files: no documents at all — no lines, records "
+            raise DataError(f"data error: {key}: no documents at all — no lines, records "
                             f"or rows ({_where(items)})")
         if not stats.documents:
-            raise DataError(f"data error: data.files: all {stats.empty_dropped} documents are "
+            raise DataError(f"data error: {key}: all {stats.empty_dropped} documents are "
                             f"empty or whitespace only ({_where(items)})")
         for name, n in stats.invalid_by_file.items():
             size = max(os.path.getsize(name), 1) if os.path.exists(name) else 1
             if n > BINARY_FRACTION * size:
-                log(f"warning: data.files: {name}: {n:,} invalid UTF-8 sequences in {size:,} "
+                log(f"warning: {key}: {name}: {n:,} invalid UTF-8 sequences in {size:,} "
                     "bytes replaced — is it a text file? (data.utf8_errors=strict refuses it)")
         seconds = time.perf_counter() - t0
         meta = {"format": FORMAT, "dtype": str(dtype), "shards": len(items),

@@ -2,14 +2,15 @@
 
 Token shards are ``numpy.memmap`` s: the operating system pages in what an example touches, so
 a run's memory does not grow with the corpus. The documents' lengths (a few bytes per
-document) are loaded whole. Validation holds out whole documents, chosen by a seeded draw per
-document (``data.val_fraction``): deterministic, and disjoint from training by construction.
+document) are loaded whole. What trains and what validates is a :class:`~blocklab.data.splits.Split`
+(token ranges of documents, data/splits.py): a validation source of its own, whole documents
+held out by a seeded draw, or the corpus's last tokens — disjoint by construction.
 
 Two ways to cut the training documents into sequences of ``data.seq_len + 1`` tokens:
 
 - :class:`Pieces` (the default): document-aligned pieces — each document cut into consecutive
   pieces (``data.long_documents=split``) or kept to its first piece (``truncate``);
-- :class:`Windows` (``data.packing=true``): fixed-length windows over the training documents
+- :class:`Windows` (``data.packing=true``): fixed-length windows over the training spans
   laid end to end, with the document boundaries inside a window carried as segment ids (the
   decoder's packing: no attention and no target across documents).
 
@@ -22,10 +23,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from blocklab.config import DataConfig
+from blocklab.data.splits import Spans, Split, held_out
 from blocklab.data.synthetic import Example
 from blocklab.errors import DataError
 
@@ -59,29 +62,37 @@ class TokenCorpus:
         s = int(self.start_in_shard[i])
         return self.shards[self.shard_of[i]][s:s + int(self.lengths[i])]
 
-    def split(self, data: DataConfig) -> tuple[np.ndarray, np.ndarray]:
-        """(train, val) document indices: each document held out with probability
-        ``data.val_fraction`` by a seeded draw; at least one of each."""
-        n = len(self)
-        if n < 2:
-            raise DataError(f"data error: {n} document(s) leave nothing for validation: add "
-                            "data, or cut the text finer (data.documents=line or paragraph)")
-        held = np.random.default_rng([data.seed, 7919]).random(n) < data.val_fraction
-        if not held.any():
-            held[-1] = True
-        if held.all():
-            held[0] = False
-        return np.flatnonzero(~held), np.flatnonzero(held)
+
+class Table(NamedTuple):
+    """Where each sequence of a stream starts: document, token offset, the end of its span,
+    and the corpus the documents are in."""
+
+    doc: np.ndarray
+    offset: np.ndarray
+    stop: np.ndarray
+    corpus: TokenCorpus
 
 
 class _Stream:
-    """Per-epoch seeded order over ``n`` sequences of the training split."""
+    """Per-epoch seeded order over the sequences of the training part of a :class:`Split`
+    (default: held out of ``corpus`` by ``data.val_fraction``, data/splits.py)."""
 
-    def __init__(self, corpus: TokenCorpus, data: DataConfig) -> None:
+    def __init__(self, corpus: TokenCorpus, data: DataConfig, split: Split | None = None, *,
+                 train: bool = True) -> None:
         self.corpus, self.data = corpus, data
         self.width = data.seq_len + 1
-        self.train_docs, self.val_docs = corpus.split(data)
+        self.split = split if split is not None else held_out(corpus, data)
+        self.train_spans, self.val_spans = self.split.train, self.split.val
+        self.needs_train = train
         self._order: tuple[int, np.ndarray] | None = None
+
+    @property
+    def train_docs(self) -> np.ndarray:
+        return self.train_spans.doc
+
+    @property
+    def val_docs(self) -> np.ndarray:
+        return self.val_spans.doc
 
     def _permuted(self, index: int, n: int) -> int:
         epoch, pos = divmod(index, n)
@@ -89,44 +100,49 @@ class _Stream:
             self._order = (epoch, np.random.default_rng([self.data.seed, epoch]).permutation(n))
         return int(self._order[1][pos])
 
-    def _check(self, n_train: int, what: str) -> None:
-        if n_train < self.data.batch_size:
+    def _check(self, n_train: int, n_val: int, what: str) -> None:
+        if self.needs_train and n_train < self.data.batch_size:
             raise DataError(f"data error: {n_train} training {what} of <= {self.width} tokens "
                             f"is less than one batch (data.batch_size={self.data.batch_size})")
+        if n_val == 0:
+            kind = "piece of 2 tokens" if what == "pieces" else f"window of {self.width} tokens"
+            raise DataError(f"data error: the validation text holds no {kind} ({self.split.how}); "
+                            "raise data.val_fraction or give more validation text")
 
 
 class Pieces(_Stream):
     """Document-aligned pieces of at most ``seq_len + 1`` tokens; a trailing piece of one
     token (nothing to predict) is dropped."""
 
-    def __init__(self, corpus: TokenCorpus, data: DataConfig) -> None:
-        super().__init__(corpus, data)
-        self.train = self._table(self.train_docs)
-        self.val = self._table(self.val_docs)
-        lens = corpus.lengths
+    def __init__(self, corpus: TokenCorpus, data: DataConfig, split: Split | None = None, *,
+                 train: bool = True) -> None:
+        super().__init__(corpus, data, split, train=train)
+        self.train = self._table(self.train_spans)
+        self.val = self._table(self.val_spans)
         self.split_documents = self.truncated_documents = 0
-        long = int((lens > self.width).sum())
+        long = len({(id(s.corpus), int(d)) for s in (self.train_spans, self.val_spans)
+                    for d in s.doc[s.lengths > self.width]})  # a document cut in two: once
         if data.long_documents == "truncate":
             self.truncated_documents = long
         else:
             self.split_documents = long
-        self._check(len(self.train[0]), "pieces")
+        self._check(len(self.train[0]), len(self.val[0]), "pieces")
 
-    def _table(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(document, offset) of every piece of ``docs``."""
-        lens = self.corpus.lengths[docs]
+    def _table(self, spans: Spans) -> Table:
+        """Where every piece of ``spans`` starts."""
+        lens = spans.lengths
         if self.data.long_documents == "truncate":
             counts = (lens > 1).astype(np.int64)
         else:
             counts = lens // self.width + (lens % self.width > 1)
-        doc = np.repeat(docs, counts)
+        span = np.repeat(np.arange(len(spans)), counts)
         first = np.repeat(np.cumsum(counts) - counts, counts)
-        offset = (np.arange(len(doc)) - first) * self.width
-        return doc, offset
+        offset = spans.start[span] + (np.arange(len(span)) - first) * self.width
+        return Table(spans.doc[span], offset, spans.stop[span], spans.corpus)
 
-    def _example(self, table: tuple[np.ndarray, np.ndarray], i: int) -> Example:
-        d, off = int(table[0][i]), int(table[1][i])
-        ids = self.corpus.doc(d)[off:off + self.width].tolist()
+    def _example(self, table: Table, i: int) -> Example:
+        d, off, stop = int(table.doc[i]), int(table.offset[i]), int(table.stop[i])
+        ids = table.corpus.doc(d)[off:min(off + self.width, stop)].tolist()
         return Example(ids, [False] + [True] * (len(ids) - 1), {"task": "text"})
 
     def train_example(self, index: int, step: int | None = None) -> Example:
@@ -139,31 +155,34 @@ class Pieces(_Stream):
     def pieces(self) -> int:
         return len(self.train[0]) + len(self.val[0])
 
+    @property
+    def val_examples(self) -> int:
+        return len(self.val[0])
+
 
 class Windows(_Stream):
-    """Fixed windows of ``seq_len + 1`` tokens over the split's documents laid end to end;
-    segment ids mark the documents inside a window (the last partial window is dropped)."""
+    """Fixed windows of ``seq_len + 1`` tokens over the split's spans laid end to end; segment
+    ids mark the documents inside a window (the last partial window is dropped)."""
 
-    def __init__(self, corpus: TokenCorpus, data: DataConfig) -> None:
-        super().__init__(corpus, data)
-        self.train_ends = np.cumsum(corpus.lengths[self.train_docs])
-        self.val_ends = np.cumsum(corpus.lengths[self.val_docs])
+    def __init__(self, corpus: TokenCorpus, data: DataConfig, split: Split | None = None, *,
+                 train: bool = True) -> None:
+        super().__init__(corpus, data, split, train=train)
+        self.train_ends = np.cumsum(self.train_spans.lengths)
+        self.val_ends = np.cumsum(self.val_spans.lengths)
         self.n_train = int(self.train_ends[-1]) // self.width if len(self.train_ends) else 0
         self.n_val = int(self.val_ends[-1]) // self.width if len(self.val_ends) else 0
-        if self.n_val == 0:
-            raise DataError(f"data error: the validation documents hold fewer than "
-                            f"{self.width} tokens (one window); raise data.val_fraction")
-        self._check(self.n_train, "windows")
+        self._check(self.n_train, self.n_val, "windows")
 
-    def _window(self, docs: np.ndarray, ends: np.ndarray, w: int) -> Example:
+    def _window(self, spans: Spans, ends: np.ndarray, w: int) -> Example:
         a, b = w * self.width, (w + 1) * self.width
         k = int(np.searchsorted(ends, a, side="right"))
         ids: list[int] = []
         segments: list[int] = []
         pos, seg = a, 0
         while pos < b:
-            doc_start = int(ends[k - 1]) if k else 0
-            take = self.corpus.doc(int(docs[k]))[pos - doc_start:min(b, int(ends[k])) - doc_start]
+            base = int(spans.start[k]) - (int(ends[k - 1]) if k else 0)  # stream -> doc offset
+            doc = spans.corpus.doc(int(spans.doc[k]))
+            take = doc[pos + base:min(b, int(ends[k])) + base]
             ids += take.tolist()
             segments += [seg] * len(take)
             pos += len(take)
@@ -171,12 +190,16 @@ class Windows(_Stream):
         return Example(ids, [False] + [True] * (len(ids) - 1), {"task": "text"}, segments)
 
     def train_example(self, index: int, step: int | None = None) -> Example:
-        return self._window(self.train_docs, self.train_ends,
+        return self._window(self.train_spans, self.train_ends,
                             self._permuted(index, self.n_train))
 
     def val_example(self, index: int, step: int | None = None) -> Example:
-        return self._window(self.val_docs, self.val_ends, index % self.n_val)
+        return self._window(self.val_spans, self.val_ends, index % self.n_val)
 
     @property
     def pieces(self) -> int:
         return self.n_train + self.n_val
+
+    @property
+    def val_examples(self) -> int:
+        return self.n_val

@@ -61,10 +61,10 @@ _SUFFIXES = {"text": (".txt", ".text", ".md"), "json": (".json", ".jsonl", ".ndj
              "parquet": (".parquet",)}
 
 
-def resolve_files(data: DataConfig) -> list[Path]:
+def resolve_files(data: DataConfig, key: str = "data.files") -> list[Path]:
     """The source files, in a stable order: a built-in corpus's, or every ``data.files`` entry
     expanded (a file, a directory — its files of the format's usual suffixes, recursively — or
-    a glob pattern). Each entry that matches nothing is an error naming it."""
+    a glob pattern). Each entry that matches nothing is an error naming it (and ``key``)."""
     if data.corpus:
         from blocklab.registry import lookup
 
@@ -77,21 +77,21 @@ def resolve_files(data: DataConfig) -> list[Path]:
         if any(ch in entry for ch in "*?["):
             found = sorted(Path(f) for f in glob.glob(entry, recursive=True) if Path(f).is_file())
             if not found:
-                raise DataError(f"data error: data.files: {entry}: the pattern matches no file")
+                raise DataError(f"data error: {key}: {entry}: the pattern matches no file")
         elif p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and
                            f.suffix.lower() in _SUFFIXES.get(data.format, ()))
             if not found:
-                raise DataError(f"data error: data.files: {entry}: no {data.format} files "
+                raise DataError(f"data error: {key}: {entry}: no {data.format} files "
                                 f"({', '.join(_SUFFIXES[data.format])}) in this directory")
         elif p.is_file():
             found = [p]
         else:
-            raise DataError(f"data error: data.files: {entry}: no such file or directory")
+            raise DataError(f"data error: {key}: {entry}: no such file or directory")
         out += found
     for f in out:
         if not os.access(f, os.R_OK):
-            raise DataError(f"data error: data.files: {f}: not readable (permissions)")
+            raise DataError(f"data error: {key}: {f}: not readable (permissions)")
     return list(dict.fromkeys(out))
 
 
@@ -185,21 +185,44 @@ def _plan_parquet(files: list[Path]) -> list[WorkItem]:
 
 
 def _plan_disk(data: DataConfig, path: Path) -> list[WorkItem]:
-    n = len(_load_disk(path, data.text_key))
+    n = len(_load_disk(path, data.text_key, data.hub_split))
     step = 10_000
     return [WorkItem("disk", (str(path),), a, min(a + step, n)) for a in range(0, n, step)]
 
 
-def _load_disk(path: Path, key: str):
+def disk_splits(path: str | Path, key: str = "data.files") -> list[str] | None:
+    """The split names of the dataset saved at ``path`` (None: a single ``Dataset``)."""
+    import datasets
+
+    ds = _open_disk(path, key)
+    return list(ds) if isinstance(ds, datasets.DatasetDict) else None
+
+
+def _open_disk(path: str | Path, key: str = "data.files"):
     import datasets
 
     try:
-        ds = datasets.load_from_disk(str(path))
+        return datasets.load_from_disk(str(path))
     except Exception as e:
-        raise DataError(f"data error: data.files: {path}: not a dataset saved with "
+        raise DataError(f"data error: {key}: {path}: not a dataset saved with "
                         f"save_to_disk ({str(e).splitlines()[0]})") from None
+
+
+def _load_disk(path: Path, key: str, split: str = "train"):
+    """The rows of the saved dataset at ``path`` that training reads: split ``split``
+    (``data.hub_split``) of a ``DatasetDict``; a single ``Dataset`` has no splits, so only the
+    default names it."""
+    import datasets
+
+    ds = _open_disk(path)
     if isinstance(ds, datasets.DatasetDict):
-        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        if split not in ds:
+            raise DataError(f"data error: data.hub_split={split!r}: no such split in {path} "
+                            f"(splits: {', '.join(ds)}); choose one with data.hub_split")
+        ds = ds[split]
+    elif split != "train":
+        raise DataError(f"data error: data.hub_split={split!r}: {path} is a single Dataset, "
+                        "not a DatasetDict: it has no splits (leave data.hub_split at 'train')")
     if key not in ds.column_names:
         raise DataError(f"data error: data.text_key={key!r}: not a column of {path} "
                         f"(columns: {', '.join(ds.column_names)})")
@@ -251,7 +274,7 @@ def _read_records(item: WorkItem, data: DataConfig, stats: ReadStats) -> Iterato
     elif item.kind == "parquet":
         yield from _parquet_texts(item, key, stats)
     elif item.kind == "disk":
-        ds = _load_disk(Path(item.paths[0]), key)
+        ds = _load_disk(Path(item.paths[0]), key, data.hub_split)
         for row in ds.select(range(item.start, item.stop)):
             yield _text_of(row, key, item.paths[0])
     else:  # hub

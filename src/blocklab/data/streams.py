@@ -31,6 +31,7 @@ class Streams:
     fingerprint: str  # same fingerprint, same examples
     description: str | None = None  # what loading found (text data: documents, tokens, ...)
     specials: Specials = BLOCKLAB_SPECIALS  # the tokenizer's pad / bos / eos / mask ids
+    val_examples: int | None = None  # distinct validation examples (text; None: endless)
 
 
 def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
@@ -50,23 +51,66 @@ def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
 
 def _text(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
     """A prepared corpus (built on first use, reused after: data/prepare.py), read by memory
-    map as document-aligned pieces or packed windows (data/shards.py)."""
+    map as document-aligned pieces or packed windows (data/shards.py); validated on a
+    validation source of its own or on a held-out part (data/splits.py)."""
     from blocklab.data.prepare import prepare
-    from blocklab.data.shards import Pieces, TokenCorpus, Windows
+    from blocklab.data.shards import TokenCorpus
+    from blocklab.data.splits import from_source, held_out, validation_source
 
     prepared = prepare(data, tokenizer)
     corpus = TokenCorpus(prepared.path)
-    stream = Windows(corpus, data) if data.packing else Pieces(corpus, data)
+    source, note = validation_source(data)
+    if source is None:
+        split = held_out(corpus, data)
+        identity = {"val_fraction": data.val_fraction}
+        if split.rule != "documents":  # the rule that held out before any other existed
+            identity["val_rule"] = split.rule
+    else:
+        val = prepare(source, tokenizer, like=prepared, key=_key(data))
+        split = from_source(corpus, TokenCorpus(val.path), f"{note} (prepared corpus {val.path})")
+        identity, note = {"val": val.fingerprint}, ""
+    return _streams(data, prepared, corpus, split, identity, note)
+
+
+def _key(data: DataConfig) -> str:
+    """The config key that names the validation source (for errors about its files)."""
+    return "data.val_files" if data.val_files else "data.val_split"
+
+
+def _streams(data: DataConfig, prepared, corpus, split, identity: dict, note: str = "",
+             *, train: bool = True) -> Streams:
+    """The streams over ``split`` of ``corpus``, described (the summary line) and identified
+    (``identity``: what decided the validation part)."""
+    from blocklab.data.shards import Pieces, Windows
+
+    stream = (Windows if data.packing else Pieces)(corpus, data, split, train=train)
     m = prepared.meta
-    reading = {k: getattr(data, k) for k in ("seed", "seq_len", "val_fraction", "long_documents",
-                                             "packing")}
+    reading = {k: getattr(data, k) for k in ("seed", "seq_len", "long_documents", "packing")}
     described = (f"{m['documents']:,} documents ({m['empty_dropped']} empty dropped, "
                  f"{getattr(stream, 'split_documents', 0)} split, "
                  f"{getattr(stream, 'truncated_documents', 0)} truncated, {m['invalid_utf8']} "
                  f"invalid UTF-8 sequences replaced), {m['tokens']:,} tokens in "
                  f"{stream.pieces:,} {'windows' if data.packing else 'pieces'} "
-                 f"(prepared corpus {prepared.path})")
+                 f"(prepared corpus {prepared.path}); validation: {split.how}"
+                 + (f" ({note})" if note else ""))
     return Streams(train=stream.train_example, val=stream.val_example,
                    tokenizer=prepared.tokenizer_json, vocab_size=int(m["vocab_size"]),
-                   fingerprint=digest({"corpus": prepared.fingerprint, **reading}),
-                   description=described, specials=prepared.specials)
+                   fingerprint=digest({"corpus": prepared.fingerprint, **reading, **identity}),
+                   description=described, specials=prepared.specials,
+                   val_examples=stream.val_examples)
+
+
+def build_eval_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
+    """An evaluation corpus: every document of ``data``'s validation source where it names one
+    (``val_files``, ``val_split``), else of its sources, as the validation stream (nothing
+    trains); the tokenizer is ``tokenizer`` (``blocklab-eval``: the checkpoint's own)."""
+    from blocklab.data.prepare import prepare
+    from blocklab.data.shards import TokenCorpus
+    from blocklab.data.splits import everything, named_sources, validation_source
+
+    source, what = validation_source(data)
+    prepared = prepare(source or data, tokenizer,
+                       key=_key(data) if source is not None else "data.files")
+    corpus = TokenCorpus(prepared.path)
+    split = everything(corpus, what if source is not None else named_sources(data))
+    return _streams(data, prepared, corpus, split, {"eval": "all"}, train=False)

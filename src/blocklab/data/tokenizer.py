@@ -1,8 +1,8 @@
 """Tokenizers saved with every run, and the special ids every part of blocklab uses.
 
 Three kinds: the synthetic task vocabulary, a tokenizer blocklab builds (a byte-level BPE
-trained on a sample of the corpus, or raw bytes: its specials sit at ids 0..6 like the
-synthetic vocabulary's), and a tokenizer the user already has (``tokenizer=file``: a
+trained on a sample of the corpus, raw bytes, or the characters seen in the corpus: its
+specials sit at ids 0..6 like the synthetic vocabulary's), and a tokenizer the user already has (``tokenizer=file``: a
 ``tokenizer.json``, or a Hugging Face tokenizer directory). A user's tokenizer keeps its *own*
 special ids: :class:`Specials` says which ids pad, begin and end documents and mask, read from
 the directory's ``special_tokens_map.json`` / ``tokenizer_config.json`` or found by their usual
@@ -77,6 +77,28 @@ def byte_tokenizer() -> Any:
     vocab = {s: i for i, s in enumerate(SPECIALS)}
     vocab.update({ch: len(SPECIALS) + i for i, ch in enumerate(sorted(_alphabet()))})
     return _byte_level(Tokenizer(models.BPE(vocab=vocab, merges=[])), add_specials=True)
+
+
+UNK = "<unk>"  # the character tokenizer's id for a character its corpus never showed
+
+
+def char_tokenizer(chars: Iterable[str]) -> Any:
+    """One id per character (nanoGPT's shakespeare_char): blocklab's specials at 0..6, ``<unk>``
+    at 7, then the characters of ``chars`` in code-point order. A ``tokenizers.Tokenizer`` (a
+    word-level model over single characters, decoded by joining), so everything that takes
+    the BPE — preparation, offsets, probes, checkpoints — takes it unchanged; a character it
+    never saw reads as ``<unk>``."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {s: i for i, s in enumerate((*SPECIALS, UNK))}
+    for ch in sorted(set(chars)):
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([*SPECIALS, UNK])
+    tok.encode_special_tokens = True
+    return tok
 
 
 LONG_WORD = 512  # BPE training: a longer run without a space (or of spaces) is cut into pieces

@@ -11,13 +11,20 @@ import contextlib
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from blocklab import checkpoint as ckpt
-from blocklab.config import ConfigError, TrainConfig, validate_probe_spec, validate_run_probe_spec
+from blocklab.config import (
+    ConfigError,
+    DataConfig,
+    TrainConfig,
+    validate_probe_spec,
+    validate_run_probe_spec,
+)
 from blocklab.config.stored import stored_config
 from blocklab.provenance import config_hash, digest
 
@@ -41,7 +48,7 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
     None, with the reason in ``skipped``, where ``run_data`` (eval/rundata.py) says not to.
     ``target`` may be a checkpoint read already (and ``model`` its model); ``dest`` is where a
     prepared corpus may be cached (default: ``out_dir``'s, else ``<run dir>/eval``)."""
-    from blocklab.data.datamodule import ExampleSource, ResumableBatches
+    from blocklab.data.datamodule import ResumableBatches
     from blocklab.eval.rundata import run_streams
     from blocklab.objectives import build_objective
 
@@ -56,12 +63,8 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
     if model is None:
         model, _ = ckpt.model_of(loaded)
     objective = build_objective(tc.model.family.name, tc.data, streams.specials)
-    source = ExampleSource(streams.val)
-    total, count = 0.0, 0
-    for batch_keys in ResumableBatches(batch_size or tc.data.batch_size,
-                                       stop=batches or tc.data.val_batches):
-        out = objective.loss(model, objective.collate([source[k] for k in batch_keys]))
-        total, count = total + float(out.total), count + int(out.count)
+    total, count = summed_loss(model, objective, streams.val, ResumableBatches(
+        batch_size or tc.data.batch_size, stop=batches or tc.data.val_batches))
     result.update(val_loss=total / max(count, 1), val_targets=count)
     out_dir = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -69,10 +72,80 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
     return result
 
 
+def summed_loss(model: torch.nn.Module, objective: Any, make: Callable[..., Any],
+                batches: Iterable[Sequence[tuple[int, int | None]]]) -> tuple[float, int]:
+    """(summed loss, targets) of ``model`` over the examples ``make(index, step)`` of each
+    batch of ``(index, step)`` keys, collated and scored by the family's ``objective``."""
+    total, count = 0.0, 0
+    for keys in batches:
+        out = objective.loss(model, objective.collate([make(*k) for k in keys]))
+        total, count = total + float(out.total), count + int(out.count)
+    return total, count
+
+
+@torch.no_grad()
+def corpus_loss(loaded: ckpt.Loaded, data: DataConfig, *, model: torch.nn.Module,
+                batches: int | None = None, batch_size: int | None = None,
+                out_dir: str | Path | None = None) -> dict[str, Any]:
+    """``blocklab-eval ckpt=... data=...``: the loss and perplexity of the checkpoint's model on
+    every sequence of another corpus (the first ``batches`` batches when given), tokenized
+    with the checkpoint's tokenizer (eval/rundata.py ``corpus_streams``); written to
+    ``out_dir/data-<fingerprint>.json`` (default ``<run dir>/eval/<checkpoint>/``), the
+    corpus's fingerprint in the name, so results on different corpora never overwrite
+    each other."""
+    import math
+
+    from blocklab.data.splits import validation_source
+    from blocklab.eval.rundata import corpus_streams, describe
+    from blocklab.objectives import build_objective
+
+    out = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
+    streams, data = corpus_streams(loaded, data, Path(out_dir or loaded.run_dir / "eval"))
+    size = batch_size or loaded.config.data.batch_size
+    n = streams.val_examples if not batches else min(streams.val_examples, batches * size)
+    objective = build_objective(loaded.config.model.family.name, data, streams.specials)
+    total, count = summed_loss(model, objective, streams.val,
+                               ([(i, None) for i in range(a, min(a + size, n))]
+                                for a in range(0, n, size)))
+    loss = total / max(count, 1)
+    source, what = validation_source(data)  # what was read: its validation source, if named
+    file = out / (f"data-{streams.fingerprint}"
+                  + (f"-{n}" if n < streams.val_examples else "") + ".json")
+    result = {"checkpoint": str(loaded.path), "step": loaded.meta["step"],
+              "data": what if source is not None else describe(data), "fingerprint": streams.fingerprint, "loss": loss,
+              "perplexity": math.exp(min(loss, 700.0)), "tokens": count, "sequences": n,
+              "of_sequences": streams.val_examples, "description": streams.description,
+              "arch_hash": loaded.meta["arch_hash"], "file": str(file)}
+    out.mkdir(parents=True, exist_ok=True)
+    file.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def result_lines(r: dict[str, Any]) -> list[str]:
+    """What ``blocklab-eval ckpt=...`` prints of a result of :func:`evaluate_checkpoint`."""
+    lines = []
+    if r.get("val_loss") is not None:
+        lines.append(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss "
+                     f"{r['val_loss']:.4f} over {r['val_targets']} targets")
+    elif r.get("skipped"):
+        lines.append(f"checkpoint {r['checkpoint']}: {r['skipped']}")
+    c = r.get("corpus")
+    if c:
+        part = ("" if c["sequences"] == c["of_sequences"] else
+                f", the first {c['sequences']:,} of {c['of_sequences']:,} sequences")
+        lines.append(f"checkpoint {c['checkpoint']} (step {c['step']}) on {c['data']}: loss "
+                     f"{c['loss']:.4f}, perplexity {c['perplexity']:.2f} over {c['tokens']:,} "
+                     f"tokens{part} -> {c['file']}")
+    return lines
+
+
 def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = None,
                         batch_size: int | None = None, out: str | Path | None = None,
-                        run_data: str = "auto"):
-    """``blocklab-eval ckpt=...``: validation loss, then the probes (when ``spec`` is enabled).
+                        run_data: str = "auto", data: DataConfig | None = None
+                        ) -> tuple[dict[str, Any], Any]:
+    """``blocklab-eval ckpt=...``: validation loss — with ``data`` (a data config naming text),
+    the loss and perplexity on that corpus instead (and the run's own too with
+    ``run_data=true``: :func:`corpus_loss`) — then the probes (when ``spec`` is enabled).
     With ``out`` every output goes there (``val.json``, and the probe files in
     ``<spec>-<spec hash>/``) and the run directory is only read; without it they
     go under the run directory, which is then held like a training process holds it (one
@@ -80,8 +153,10 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
     training, its newest complete checkpoint — and everything is checked (the destination
     writable, the run free, the probe grid against the run's vocabulary) before the first
     file is written."""
+    from blocklab.config import has_sources
     from blocklab.runlock import run_lock, writable_dir
 
+    data = data if has_sources(data) else None  # a data config naming no text: no corpus
     if out is not None:
         owner = contextlib.nullcontext(writable_dir(out, "out="))
     else:
@@ -93,13 +168,18 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
             validate_run_probe_spec(spec, loaded.config)
         model, _ = ckpt.model_of(loaded)
         loaded = dataclasses.replace(loaded, weights={})  # the model holds them now
-        if loaded.meta.get("imported"):  # a pretrained model: no training data to validate on
+        own = data is None or run_data != "auto"  # with data=, the run's loss only if asked
+        if loaded.meta.get("imported") or not own:  # imported: no training data to validate on
             result = {"checkpoint": str(loaded.path), "step": loaded.meta["step"],
                       "val_loss": None, "val_targets": 0, "arch_hash": loaded.meta["arch_hash"],
-                      "skipped": "imported (no training data: validation loss skipped)"}
+                      "skipped": "imported (no training data: validation loss skipped)"
+                      if own else None}
         else:
             result = validation_loss(loaded, batches=val_batches, batch_size=batch_size,
                                      out_dir=out, run_data=run_data, model=model)
+        if data is not None:
+            result["corpus"] = corpus_loss(loaded, data, model=model, batches=val_batches,
+                                           batch_size=batch_size, out_dir=out)
         probes = (probe_checkpoint(loaded, spec, out=probe_out(out, spec), model=model)
                   if spec.enabled else None)
     return result, probes

@@ -64,24 +64,25 @@ def _changed(loaded: Any, what: str) -> DataError:
 
 def describe(data: DataConfig) -> str:
     """The text sources a data config names, without opening anything."""
-    if data.corpus:
-        return f"corpus {data.corpus}"
-    if data.hub_dataset:
-        return f"hub dataset {data.hub_dataset} ({data.hub_split})"
-    shown = ", ".join(data.files[:3]) + (f" and {len(data.files) - 3} more"
-                                         if len(data.files) > 3 else "")
-    return f"data.files=[{shown}]"
+    from blocklab.data.splits import named_sources
+
+    return named_sources(data)
 
 
 def listing(data: DataConfig) -> list[list[Any]]:
     """``[path, bytes, mtime_ns]`` of every source file a text config resolves to (what the
-    ``stat`` fingerprint reads); a hub dataset has none. A missing source is a data error."""
-    if data.name is not DataName.text or data.hub_dataset:
+    ``stat`` fingerprint reads), its validation files included; a hub dataset has none. A
+    missing source is a data error."""
+    if data.name is not DataName.text:
         return []
     from blocklab.data.sources import resolve_files
 
+    found = [] if data.hub_dataset else resolve_files(data)
+    if data.val_files:
+        found += resolve_files(dataclasses.replace(data, files=list(data.val_files),
+                                                   corpus=None), "data.val_files")
     out = []
-    for f in resolve_files(data):
+    for f in dict.fromkeys(found):
         st = f.stat()
         out.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
     return out
@@ -133,3 +134,32 @@ def embedded_tokenizer(meta: dict[str, Any], root: Path) -> TokenizerConfig:
         (d / "tokenizer.json").write_text(tokenizer)
         (d / "blocklab_specials.json").write_text(json.dumps(specials))
     return TokenizerConfig(name=TokenizerName.file, path=str(d))
+
+
+#: what an evaluation corpus takes from the run rather than from data= (how the model reads
+#: text: its training length, packing, masking)
+RUN_READING = ("seq_len", "packing", "long_documents", "pad_to_multiple", "mlm_probability",
+               "seed")
+
+
+def corpus_streams(loaded: Any, data: DataConfig, dest: Path) -> tuple[Any, DataConfig]:
+    """(streams, data config) of another corpus (``blocklab-eval data=``): the sources and
+    reading format of ``data`` (the command line's), the run's RUN_READING, tokenized with the
+    checkpoint's own tokenizer and prepared under ``data.cache_dir`` (else
+    ``$BLOCKLAB_DATA_CACHE``, else ``dest/data-cache``). A checkpoint whose tokenizer is the
+    synthetic vocabulary tokenizes no text: refused."""
+    import os
+
+    from blocklab.data.prepare import CACHE_ENV
+    from blocklab.data.streams import build_eval_streams
+    from blocklab.errors import ConfigError
+
+    if json.loads(loaded.meta["tokenizer"]).get("kind") == "synthetic":
+        raise ConfigError(f"config error: data={describe(data)}: checkpoint {loaded.path} uses "
+                          "the synthetic task vocabulary, which tokenizes no text; data= is "
+                          "for checkpoints of text runs (a synthetic run's own loss: run_data)")
+    run = loaded.config.data
+    cache = data.cache_dir or os.environ.get(CACHE_ENV) or str(dest / CACHE)
+    merged = dataclasses.replace(data, cache_dir=cache,
+                                 **{k: getattr(run, k) for k in RUN_READING})
+    return build_eval_streams(merged, embedded_tokenizer(loaded.meta, Path(cache))), merged

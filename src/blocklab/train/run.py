@@ -111,23 +111,42 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
         streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
         if streams.description:
             print(f"data: {streams.description}", file=sys.stderr)
-        vocab = streams.vocab_size
-        if tc.model.vocab_size is None:  # the tokenizer decides; stored resolved in the config
-            tc.model.vocab_size = vocab
-            with open_dict(cfg):
-                cfg.model.vocab_size = vocab
         if init is not None:
             from blocklab.train.init import check_tokenizer
 
             check_tokenizer(init, streams.tokenizer, streams.specials.to_dict())
-        if tc.model.vocab_size < vocab:
-            raise ConfigError(f"config error: model.vocab_size={tc.model.vocab_size}: smaller "
-                              f"than the tokenizer's vocabulary ({vocab})")
+        size_vocabulary(tc, cfg, streams.vocab_size)
         if resume_from is None and not ddp_child():
             writable_dir(run_dir, "run directory")  # the first write, once all above is valid
             owner.enter_context(run_lock(run_dir, "train"))
             refuse_fresh_run_over_checkpoints(run_dir)
         return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init)
+
+
+#: model.vocab_size this far above the tokenizer's size is said (a factor, and at least so many
+#: more ids: a vocabulary padded to a round size for speed is not)
+VOCAB_SLACK = (2.0, 64)
+
+
+def size_vocabulary(tc: TrainConfig, cfg: DictConfig, vocab: int) -> None:
+    """``model.vocab_size``: null (what every text tokenizer's config option sets over a model
+    preset's number) is the tokenizer's size, stored resolved in the run's config; a size set
+    on the command line or in an experiment is kept — refused below the tokenizer's size (an id
+    without an embedding row), said when far above it (rows no token uses)."""
+    n = tc.model.vocab_size
+    if n is None:
+        tc.model.vocab_size = vocab
+        with open_dict(cfg):
+            cfg.model.vocab_size = vocab
+        return
+    if n < vocab:
+        raise ConfigError(f"config error: model.vocab_size={n}: smaller than the tokenizer's "
+                          f"vocabulary ({vocab}); model.vocab_size=null sizes the model from "
+                          "the tokenizer")
+    if n > VOCAB_SLACK[0] * vocab and n - vocab > VOCAB_SLACK[1]:
+        print(f"warning: model.vocab_size={n} is {n / vocab:.1f}x the tokenizer's {vocab:,} ids: "
+              f"{n - vocab:,} embedding rows no token uses; model.vocab_size=null sizes the "
+              "model from the tokenizer", file=sys.stderr)
 
 
 def _target(tc: TrainConfig, owner: contextlib.ExitStack
