@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import inprocess
 from blocklab import checkpoint as ckpt
 from blocklab.config import compose
 from blocklab.model.generate import generate
@@ -30,7 +29,6 @@ from train.test_train_cli import BIN
 
 pytestmark = pytest.mark.slow
 
-inprocess.TOOLS.setdefault("blocklab-generate", "generate_cli")
 WINDOW = 32  # model.max_seq_len of the tiny runs
 PROMPT = "the king and the queen"
 TIMEOUT = 300  # a safety net for the subprocesses, never a measurement
