@@ -108,6 +108,10 @@ def test_greedy_output_equals_generate(which, request, capfd):
     assert r.stdout == PROMPT + text + "\n"
     assert "tokens/s" in r.stderr.splitlines()[-1]
     assert "sliding" not in r.stderr  # it fits the table
+    newest = ckpt.list_checkpoints(run)[-1]  # a checkpoint directory, named directly
+    again = run_cli(capfd, "blocklab-generate", f"ckpt={newest}", f"prompt={PROMPT}",
+                    "temperature=0", "max_new_tokens=8")
+    assert again.returncode == 0 and again.stdout == r.stdout, again.stderr
 
 
 def _with_eos(run: Path, dest: Path, eos: int) -> Path:
