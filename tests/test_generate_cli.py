@@ -337,6 +337,15 @@ def test_the_chat_template_renders_as_hugging_face_renders_it(smollm2):
     assert render_chat(hf.chat_template, "What is 2+2?", names, "smollm2") == want
 
 
+def test_a_gguf_import_keeps_the_chat_template(smollm2):
+    """SmolLM2-Instruct's GGUF carries its template in ``tokenizer.chat_template``: the import
+    keeps the very text Hugging Face's GGUF loading reads."""
+    from blocklab.convert import read_pretrained
+
+    (source, gguf), _, hf = smollm2
+    assert read_pretrained(source, gguf=gguf).chat_template == hf.chat_template
+
+
 def test_chat_without_a_template_is_refused_in_one_line(rotary, capfd):
     r = gen(capfd, rotary, "prompt=hi", "chat=true")
     assert r.returncode == 2
