@@ -18,7 +18,8 @@ from pathlib import Path
 
 TOOLS = {"blocklab-train": "train_cli", "blocklab-eval": "eval_cli",
          "blocklab-estimate": "estimate_cli", "blocklab-prepare": "prepare_cli",
-         "blocklab-import": "import_cli", "blocklab-export": "export_cli"}
+         "blocklab-import": "import_cli", "blocklab-export": "export_cli",
+         "blocklab-generate": "generate_cli"}
 
 
 def run_cli(capfd, tool: str, *args: str, cwd: Path | None = None,

@@ -20,7 +20,7 @@ FLOORS = {
     "config": 2,
     "model": 3, "data": 3,
     "objectives": 4, "checkpoint": 4,
-    "eval": 5, "train": 5, "compare": 5, "convert": 5,
+    "eval": 5, "train": 5, "compare": 5, "convert": 5, "sample": 5,
     "sweep": 6, "repro": 6,
     "cli": 7,
 }

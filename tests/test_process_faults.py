@@ -29,7 +29,8 @@ ARGS = {"blocklab-train": ["experiment=smoke", "out_root=out"],
         "blocklab-estimate": ["model=gpt2_tiny"],
         "blocklab-prepare": ["data=text_files", "data.files=[corpus.txt]"],
         "blocklab-import": ["from_hf=missing", "out=out"],
-        "blocklab-export": ["ckpt=missing", "out=out"]}
+        "blocklab-export": ["ckpt=missing", "out=out"],
+        "blocklab-generate": ["ckpt=missing", "prompt=a"]}
 
 
 @pytest.fixture

@@ -67,6 +67,10 @@ def export_cli() -> None:
     _console(export_hf)
 
 
+def generate_cli() -> None:
+    _console(generate)
+
+
 def _run(fn, cfg: DictConfig):
     """Errors users can cause end in one line and a per-class exit code, no traceback."""
     global _STARTED
@@ -253,3 +257,22 @@ def export_hf(cfg: DictConfig) -> None:
     ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=llama|gpt2|bert|t5]
     [overwrite=true]``."""
     _run(_export, cfg)
+
+
+def _generate(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    from blocklab.config.validate import validate_generate
+    from blocklab.sample import run
+
+    run(validate_generate(OmegaConf.to_object(cfg)))  # every key, before anything is loaded
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="generate")
+def generate(cfg: DictConfig) -> None:
+    """Sample from a run, a checkpoint or an import, streaming tokens as they come:
+    ``blocklab-generate ckpt=<run dir or checkpoint> prompt="..." [temperature=0]
+    [max_new_tokens=N] [seed=S] [num_samples=K]``; ``prompt_file=<file>``;
+    ``interactive=true`` (one prompt a line on stdin); ``chat=true`` (the tokenizer's chat
+    template, imported models)."""
+    _run(_generate, cfg)

@@ -13,7 +13,9 @@ handlers a real signal reaches:
 - ``aside:N``: while ``step-N`` is re-saved, between its two renames (the old copy moved aside
   to ``.old-step-N-<pid>``, the new one not yet in place);
 - ``read:N``: a reader of a run directory (``blocklab-eval``, ``resume=``) has chosen checkpoint
-  ``step-N`` and not yet opened it.
+  ``step-N`` and not yet opened it;
+- ``token:N``: ``blocklab-generate`` has written (and flushed) the N-th sampled token of the
+  process (``SIGKILL@token:5``: killed mid-sample, five tokens already on stdout).
 
 An item may end in ``#job=N``: it then fires only in the process running job N of a multirun
 (Hydra's job number; :mod:`blocklab.sweep` names it in ``$BLOCKLAB_SWEEP_JOB`` while the job
@@ -44,7 +46,7 @@ def faults() -> list[tuple[signal.Signals, str, int]]:
             point, step = where.split(":")
             out.append((signal.Signals[name], point, int(step)))
         except (ValueError, KeyError):
-            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save|shard|publish|aside|read>:<N>, e.g. "
+            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save|shard|publish|aside|read|token>:<N>, e.g. "
                              "SIGKILL@save:15") from None
     return out
 

@@ -11,6 +11,7 @@ from blocklab.config.schema import (
     EstimateConfig,
     EvalConfig,
     ExportConfig,
+    GenerateConfig,
     ImportConfig,
     ModelConfig,
     ProbeSpec,
@@ -62,6 +63,7 @@ def register_configs() -> None:
     cs.store(name="eval_schema", node=EvalConfig)
     cs.store(name="import_schema", node=ImportConfig)
     cs.store(name="export_schema", node=ExportConfig)
+    cs.store(name="generate_schema", node=GenerateConfig)
     cs.store(group="model", name="schema", node=ModelConfig)
     cs.store(group="probes", name="schema", node=ProbeSpec)
 

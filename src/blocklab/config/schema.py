@@ -654,6 +654,27 @@ class ExportConfig:
 
 
 @dataclass
+class GenerateConfig:
+    """``blocklab-generate``: sample from a run, a checkpoint or an import (nanoGPT's
+    sample.py, ``litgpt generate`` / ``chat``)."""
+
+    ckpt: str | None = None  # a run directory (newest valid checkpoint), a checkpoint, an import
+    prompt: str | None = None  # the text to continue (null and no prompt_file: from BOS alone)
+    prompt_file: str | None = None  # a UTF-8 file whose whole content is the prompt
+    interactive: bool = False  # read prompts from stdin, one a line, until end of input
+    chat: bool = False  # wrap each prompt in the tokenizer's chat template (imported models)
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0 = greedy (argmax)
+    top_k: int | None = 200  # null or 0 = off
+    top_p: float | None = None  # nucleus sampling; null or 1 = off
+    seed: int | None = 0  # a torch.Generator of its own (null = a fresh random seed each run)
+    num_samples: int = 1  # samples per prompt, drawn one after another from one generator
+    stop_at_eos: bool = True  # stop a sample at the tokenizer's end-of-sequence id
+    device: str = "auto"  # auto (cuda when available, else cpu) | cpu | cuda | cuda:N | mps
+    threads: int | None = None  # CPU threads for torch (null = torch's default)
+
+
+@dataclass
 class EstimateConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     batch_size: int = 1

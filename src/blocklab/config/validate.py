@@ -4,6 +4,7 @@ cross-field rule of the schema is checked here, before anything is built or writ
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from blocklab.config.checks import _check, _fail, _finite, _name, _one_of
@@ -26,6 +27,7 @@ from blocklab.config.schema import (
     DataConfig,
     DataName,
     EvalConfig,
+    GenerateConfig,
     LoggerConfig,
     ModelConfig,
     OptimConfig,
@@ -551,4 +553,36 @@ def validate_eval(cfg: EvalConfig) -> EvalConfig:
         _one_of("data.format", cfg.data.format, DATA_FORMATS)
         _one_of("data.utf8_errors", cfg.data.utf8_errors, UTF8_ERRORS)
     validate_probe_spec(cfg.probes, "probes", synthetic=False if cfg.hf_model else None)
+    return cfg
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def validate_generate(cfg: GenerateConfig) -> GenerateConfig:
+    """``blocklab-generate``'s keys, before the checkpoint is read: one source of prompts,
+    sampling knobs in range (``temperature=0`` is greedy; ``top_k`` 0 / null and ``top_p`` 1 /
+    null are off), a device torch can name."""
+    _check(bool(cfg.ckpt), "ckpt", cfg.ckpt, "required (a run directory, a checkpoint "
+           "directory or a blocklab-import output)")
+    _check(cfg.prompt is None or cfg.prompt_file is None, "prompt_file", cfg.prompt_file,
+           "give prompt or prompt_file, not both")
+    for key in ("prompt", "prompt_file"):
+        _check(not cfg.interactive or getattr(cfg, key) is None, key, getattr(cfg, key),
+               f"interactive=true reads the prompts from stdin, one a line; drop {key}")
+    _check(isinstance(cfg.max_new_tokens, int) and cfg.max_new_tokens >= 1, "max_new_tokens",
+           cfg.max_new_tokens, "must be an int >= 1")
+    _check(_finite(cfg.temperature) and cfg.temperature >= 0, "temperature", cfg.temperature,
+           "must be a finite number >= 0 (0 = greedy)")
+    _check(cfg.top_k is None or cfg.top_k >= 0, "top_k", cfg.top_k, "must be null or >= 0 "
+           "(0 or null = off)")
+    _check(cfg.top_p is None or (_finite(cfg.top_p) and 0 < cfg.top_p <= 1), "top_p", cfg.top_p,
+           "must be null or in (0, 1] (1 or null = off)")
+    _check(cfg.seed is None or 0 <= cfg.seed < 2**63, "seed", cfg.seed,
+           "must be null (a fresh random seed) or an int >= 0")
+    _check(cfg.num_samples >= 1, "num_samples", cfg.num_samples, "must be >= 1")
+    _check(_DEVICE.fullmatch(str(cfg.device)) is not None, "device", cfg.device,
+           "one of auto, cpu, cuda, cuda:N, mps")
+    _check(cfg.threads is None or cfg.threads >= 1, "threads", cfg.threads,
+           "must be null (torch's default) or >= 1")
     return cfg

@@ -40,6 +40,7 @@ class Pretrained:
     text_bos: bool
     source: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    chat_template: str | None = None  # the tokenizer's chat template (Jinja), if it has one
 
 
 def read_pretrained(source: str, *, gguf: str | None = None,
@@ -67,7 +68,7 @@ def read_pretrained(source: str, *, gguf: str | None = None,
             "model_type": src.config.get("model_type"), "converter_version": CONVERTER_VERSION,
             "ignored_fields": list(ignore_fields)}
     return Pretrained(m, state, tokenizer, specials, text_bos, info,
-                      notes + src.notes + tok_notes)
+                      notes + src.notes + tok_notes, chat_template=src.chat_template)
 
 
 def _model_config(arch, fields: Fields, src: Source) -> ModelConfig:
@@ -212,6 +213,9 @@ def import_model(source: str, out: str | Path | None = None, *, gguf: str | None
         (tmp / "tokenizer").mkdir()  # tokenizer=file tokenizer.path=<run>/tokenizer
         write_file(tmp / "tokenizer" / "tokenizer.json", p.tokenizer)
         write_file(tmp / "tokenizer" / "blocklab_specials.json", json.dumps(p.specials))
+        if p.chat_template is not None:  # as Hugging Face keeps it, beside the tokenizer
+            write_file(tmp / "tokenizer" / "tokenizer_config.json",
+                       json.dumps({"chat_template": p.chat_template}, indent=2))
         write_file(tmp / "run.json", json.dumps(
             {k: meta[k] for k in ("params", "arch_hash", "config_hash", "tokenizer_hash",
                                    "versions", "git", "created", "run_dir", "imported")},
@@ -245,6 +249,7 @@ def _meta(p: Pretrained, model, run_dir: Path) -> dict[str, Any]:
         "config_yaml": _yaml(plain), "overrides": [], "arch_hash": arch_hash(model_to_dict(p.model)),
         "tokenizer": p.tokenizer, "tokenizer_hash": text_hash(p.tokenizer),
         "data_fingerprint": None, "specials": p.specials, "text_bos": p.text_bos,
+        "chat_template": p.chat_template,
         "versions": versions(), "git": git_info(), "run_dir": str(run_dir),
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "params": count_params(p.model), "config_hash": config_hash(plain),

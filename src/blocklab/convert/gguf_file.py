@@ -69,8 +69,11 @@ def read_gguf(directory: Path, name: str, progress: Progress) -> Source:
     tensors = _gguf_tensors(reader, path, config, progress)
     if "model.embed_tokens.weight" in tensors:
         config.setdefault("vocab_size", tensors["model.embed_tokens.weight"].shape[0])
+    template = (_field(reader, "tokenizer.chat_template")
+                if "tokenizer.chat_template" in reader.fields else None)
     return Source(config, tensors, {name: sha256_file(path)}, str(path), "gguf", directory,
-                  gguf_file=name, weights_where=str(path))
+                  gguf_file=name, weights_where=str(path),
+                  chat_template=template if isinstance(template, str) else None)
 
 
 def _gguf_config(reader, path: Path) -> dict[str, Any]:

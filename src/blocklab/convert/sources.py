@@ -27,7 +27,7 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # tokenizer.json.
 TOKENIZER_FILES = ("tokenizer.json", "special_tokens_map.json", "tokenizer_config.json",
                    "added_tokens.json", "tokenizer.model", "spiece.model", "vocab.txt",
-                   "vocab.json", "merges.txt")
+                   "vocab.json", "merges.txt", "chat_template.jinja")
 
 
 @dataclass
@@ -45,6 +45,7 @@ class Source:
     gguf_file: str | None = None
     notes: list[str] = field(default_factory=list)
     weights_where: str = ""  # the weights file (or shard index) tensors are named after
+    chat_template: str | None = None  # the tokenizer's chat template (Jinja), if it has one
 
 
 def resolve_source(source: str) -> Path:
@@ -173,4 +174,21 @@ def read_hf_dir(directory: Path, progress: Progress) -> Source:
     tensors = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
     files = {name: sha256_file(directory / name) for name in ["config.json", *names]}
     return Source(config, tensors, files, str(cfg_file), kind, directory,
-                  weights_where=str(weights_where))
+                  weights_where=str(weights_where), chat_template=hf_chat_template(directory))
+
+
+def hf_chat_template(directory: Path) -> str | None:
+    """The chat template a Hugging Face tokenizer directory declares: ``chat_template.jinja``
+    (newer transformers), else ``tokenizer_config.json``'s ``chat_template`` (a string, or a
+    list of named templates: the one named ``default``); None without one. Kept by the import
+    so ``blocklab-generate chat=true`` can apply it."""
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    cfg = directory / "tokenizer_config.json"
+    template = read_json_object(cfg, "hf tokenizer config").get("chat_template") \
+        if cfg.is_file() else None
+    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
+        template = next((t.get("template") for t in template if isinstance(t, dict)
+                         and t.get("name") == "default"), None)
+    return template if isinstance(template, str) else None

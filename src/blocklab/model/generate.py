@@ -56,7 +56,8 @@ def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
              top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, eos_id: int | None = None,
              use_cache: bool = True, static_cache: bool = False,
-             compile: bool | str = False) -> Tensor:
+             compile: bool | str = False,
+             on_token: Callable[[Tensor], None] | None = None) -> Tensor:
     """Continue ``input_ids`` (B, T) by up to ``max_new_tokens``; return only the new tokens
     (B, N) — (B, 0) for ``max_new_tokens=0``, so ``torch.cat((input_ids, out), 1)`` is the
     prompt. ``valid`` (B, T) marks real prompt tokens (padding on either side). Rows that
@@ -65,7 +66,9 @@ def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
     the cache each step feeds one token into preallocated K/V buffers; ``use_cache=False``
     recomputes the whole prefix (the reference). ``static_cache=True`` decodes with fixed
     shapes (see the module docstring); ``compile=True`` (or a ``torch.compile`` mode name)
-    compiles that step: ``"reduce-overhead"`` on CUDA, the default mode elsewhere."""
+    compiles that step: ``"reduce-overhead"`` on CUDA, the default mode elsewhere.
+    ``on_token`` is called with each step's (B,) tokens as soon as they are sampled, before the
+    next forward (streaming: ``blocklab-generate`` prints each piece as it comes)."""
     input_ids, valid = _check(model, input_ids, valid, max_new_tokens, source_ids,
                               temperature, top_k, top_p)
     if (static_cache or compile) and not use_cache:
@@ -92,7 +95,7 @@ def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
                 cache = model.new_cache(b, t + max_new_tokens)
             return _generate(model, input_ids, valid, max_new_tokens, cache, eos_id, prepared,
                              {"temperature": temperature, "top_k": top_k, "top_p": top_p,
-                              "generator": generator}, step)
+                              "generator": generator}, step, on_token)
     finally:
         model.train(was_training)
 
@@ -188,7 +191,8 @@ def _check(model: torch.nn.Module, ids: Tensor, valid: Tensor | None, max_new_to
 
 def _generate(model: torch.nn.Module, prompt_ids: Tensor, valid: Tensor | None,
               max_new_tokens: int, cache: object, eos_id: int | None,
-              prepared: dict[str, Tensor | None], sampling: dict, step: Callable) -> Tensor:
+              prepared: dict[str, Tensor | None], sampling: dict, step: Callable,
+              on_token: Callable[[Tensor], None] | None = None) -> Tensor:
     """The loop: a prefill of the prompt (``model.decode``), then one ``step`` per token."""
     b, t = prompt_ids.shape
     if valid is None:
@@ -209,6 +213,8 @@ def _generate(model: torch.nn.Module, prompt_ids: Tensor, valid: Tensor | None,
             token = token.where(~done, eos_id)
             done |= token == eos_id
         out.append(token)
+        if on_token is not None:
+            on_token(token)
         if (eos_id is not None and bool(done.all())) or i == max_new_tokens - 1:
             break
         step_pos = next_position + i  # (B, 1)
