@@ -86,6 +86,23 @@ def test_more_steps_continue_the_smoke_run_exactly(smoke, straight, tmp_path, ca
                                  "trainer.keep_checkpoints=5"]  # what the next resume composes
 
 
+def test_the_issues_command_line_continues_a_plain_smoke_run(tmp_path, capfd):
+    """Issue 21's own case, as typed: before, ``resume=<smoke run> trainer.max_steps=N`` was
+    refused ("data_fingerprint differs"), and with allow_data_change=true trained on the
+    default experiment's data (batch 32, a curriculum)."""
+    short = ["trainer.max_steps=4", "trainer.ckpt_every_steps=4", "trainer.val_every_steps=4",
+             "trainer.log_every_steps=1"]
+    r = run_cli(capfd, "blocklab-train", "experiment=smoke", *short, f"out_root={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = (tmp_path / "smoke").iterdir()
+    r = run_cli(capfd, "blocklab-train", f"resume={run}", "trainer.max_steps=6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert notes(r.stderr) == ["resume: trainer.max_steps changed 4 -> 6 (allowed)"]
+    config = resumed_config(run, 4)
+    assert config["data"]["batch_size"] == 8 and config["data"]["curriculum"] == []
+    assert config["experiment_name"] == "smoke" and sorted(losses(run)) == list(range(6))
+
+
 def test_resume_alone_reproduces_the_stored_config(smoke, tmp_path, capfd):
     run = copy(smoke, tmp_path / "run", drop=(20,))
     r = run_cli(capfd, "blocklab-train", f"resume={run}")
