@@ -103,13 +103,15 @@ def test_the_issues_command_line_continues_a_plain_smoke_run(tmp_path, capfd):
     assert config["experiment_name"] == "smoke" and sorted(losses(run)) == list(range(6))
 
 
-def test_resume_alone_reproduces_the_stored_config(smoke, tmp_path, capfd):
+@pytest.mark.parametrize("target", ["run", "checkpoint"])
+def test_resume_alone_reproduces_the_stored_config(smoke, tmp_path, capfd, target):
     run = copy(smoke, tmp_path / "run", drop=(20,))
-    r = run_cli(capfd, "blocklab-train", f"resume={run}")
+    where = run if target == "run" else run / "checkpoints" / "step-000010"
+    r = run_cli(capfd, "blocklab-train", f"resume={where}")
     assert r.returncode == 0, r.stderr[-3000:]
     assert notes(r.stderr) == []
     stored = yaml.safe_load((run / "config.yaml").read_text())
-    assert resumed_config(run, 10) == {**stored, "resume": str(run)}
+    assert resumed_config(run, 10) == {**stored, "resume": str(where)}
     assert losses(run) == losses(smoke)
 
 
