@@ -21,17 +21,10 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_train
 from blocklab.eval.rundata import listing, record, sources_changed
-from blocklab.provenance import (
-    arch_hash,
-    config_diff,
-    config_hash,
-    git_info,
-    is_bookkeeping,
-    text_hash,
-    versions,
-)
+from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 from blocklab.runlock import run_lock, writable_dir
 from blocklab.train.metrics import reconcile
+from blocklab.train.resume import check_resume, open_target, resumed_config
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -61,35 +54,6 @@ def refuse_fresh_run_over_checkpoints(path: Path) -> None:
                           f"pass resume={path} to continue that run, or use a new directory")
 
 
-def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change: bool,
-                 fingerprints: dict[str, str], changed: str | None = None) -> list[str]:
-    """Refuse architecture changes (every differing key listed); refuse data/tokenizer changes
-    unless allowed (``changed``: which source files changed, where the checkpoint lists
-    them); return warnings for the rest."""
-    diff = config_diff(meta["config"], new)
-    arch = [d for d in diff if d[0].startswith("model.")]
-    if arch:
-        lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in arch)
-        raise ckpt.CheckpointError(f"resume refused: the architecture differs from the "
-                                   f"checkpoint's ({len(arch)} keys): {lines}")
-    for name, value in fingerprints.items():
-        if meta.get(name) != value and not allow_data_change:
-            files = f"; {changed}" if changed and name == "data_fingerprint" else ""
-            raise ckpt.CheckpointError(
-                f"resume refused: {name} differs (checkpoint {meta.get(name)}, now {value}"
-                f"{files}); pass allow_data_change=true to continue on different data")
-    notes = []
-    for k, a, b in diff:
-        if k in ("resume", "run_dir"):
-            continue
-        if is_bookkeeping(k):
-            notes.append(f"resume: {k} changed {a!r} -> {b!r} (allowed)")
-        else:
-            notes.append(f"resume: {k} changed {a!r} -> {b!r}: the run is no longer exactly the "
-                         "uninterrupted one")
-    return notes
-
-
 def _loggers(tc: TrainConfig, run_dir: Path) -> list:
     from blocklab.registry import lookup
 
@@ -97,15 +61,20 @@ def _loggers(tc: TrainConfig, run_dir: Path) -> list:
 
 
 def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
-    """Run a training job from a composed ``train`` config; return the run directory."""
-    init = None
-    if cfg.get("init_from"):  # the architecture (and tokenizer) come from the source
-        from blocklab.train.init import apply_init_from
-
-        init = apply_init_from(cfg, overrides or [])
-    tc = validate_train(to_train_config(cfg))  # every key, before anything is written
+    """Run a training job from a composed ``train`` config; return the run directory. A resume
+    trains with the run's own stored config, the command line's changes on top
+    (train/resume.py)."""
     with contextlib.ExitStack() as owner:
-        resume_from, old, run_dir = _target(tc, owner)
+        loaded = init = None
+        if cfg.get("resume"):  # owns the run directory, then reads the checkpoint's config
+            loaded = open_target(str(cfg.resume), owner, child=ddp_child())
+            cfg, overrides = resumed_config(cfg, overrides, loaded)
+        elif cfg.get("init_from"):  # the architecture (and tokenizer) come from the source
+            from blocklab.train.init import apply_init_from
+
+            init = apply_init_from(cfg, overrides or [])
+        tc = validate_train(to_train_config(cfg))  # every key, before anything is written
+        resume_from, old, run_dir = _target(tc, loaded)
         from blocklab.data.streams import build_streams
 
         streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
@@ -149,24 +118,16 @@ def size_vocabulary(tc: TrainConfig, cfg: DictConfig, vocab: int) -> None:
               "model from the tokenizer", file=sys.stderr)
 
 
-def _target(tc: TrainConfig, owner: contextlib.ExitStack
+def _target(tc: TrainConfig, loaded: ckpt.Loaded | None
             ) -> tuple[Path | None, dict[str, Any] | None, Path]:
-    """(checkpoint to resume from, its metadata, run directory). A resume owns its run
-    directory first (a DDP child process: rank 0 does), then puts back what a save killed
-    between its renames moved aside — and only then chooses the checkpoint, so the newest
-    intact state is the one resumed."""
-    if not tc.resume:
-        if ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
-            return None, None, Path(os.environ["BLOCKLAB_RUN_DIR"])
-        return None, None, Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
-    run_dir = ckpt.run_dir_of(tc.resume)
-    if not run_dir.is_dir():
-        raise ckpt.CheckpointError(f"checkpoint {tc.resume}: no such file or directory")
-    if not ddp_child():
-        owner.enter_context(run_lock(writable_dir(run_dir, "run directory"), "resume"))
-        ckpt.clean_partial(run_dir)
-    loaded = ckpt.read(tc.resume)  # verified, its stored config checked as data
-    return loaded.path, loaded.meta, run_dir
+    """(checkpoint to resume from, its metadata — its config as read through the schema —,
+    run directory)."""
+    if loaded is not None:
+        stored = plain_config(OmegaConf.structured(loaded.config))
+        return loaded.path, {**loaded.meta, "config": stored}, ckpt.run_dir_of(tc.resume)
+    if ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
+        return None, None, Path(os.environ["BLOCKLAB_RUN_DIR"])
+    return None, None, Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
 
 
 def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_from: Path | None,
@@ -180,10 +141,11 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_fro
     sources = record(tc.data)  # text: which files (to name those that change later)
     if old is not None:
         changed = sources_changed(old.get("data_sources"), sources or listing(tc.data))
-        for note in check_resume(old, plain, allow_data_change=tc.allow_data_change,
-                                 fingerprints={"data_fingerprint": streams.fingerprint,
-                                               "tokenizer_hash": tok_hash}, changed=changed):
-            print(f"warning: {note}", file=sys.stderr)
+        allowed, warned = check_resume(
+            old, plain, allow_data_change=tc.allow_data_change, changed=changed,
+            fingerprints={"data_fingerprint": streams.fingerprint, "tokenizer_hash": tok_hash})
+        for note in [*allowed, *(f"warning: {w}" for w in warned)]:
+            print(note, file=sys.stderr)
     meta = {
         "format_version": ckpt.FORMAT_VERSION, "config": plain,
         "config_yaml": OmegaConf.to_yaml(OmegaConf.create(plain)), "overrides": overrides or [],
@@ -198,6 +160,8 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_fro
         meta["data_sources"] = sources
     if init is not None:
         meta["init_from"] = init.info
+    elif old is not None and "init_from" in old:  # a resumed init_from run stays one
+        meta["init_from"] = old["init_from"]
     if not ddp_child():
         _write_run_files(run_dir, meta, old)
     try:
