@@ -111,6 +111,8 @@ def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path, capfd):
     (["seed=0,1"], ["seed=0,1", "-m"]),
     (["+seed=3"], ["+seed=3", "without the +"]),
     (["data.files=[a.txt"], ["data.files=[a.txt", "not a valid override"]),
+    (["model.mixer.options.my_knob=3"],
+     ["model.mixer.options is a free-form mapping", "+model.mixer.options.my_knob=3"]),
 ])
 def test_hydra_composition_errors_are_one_line(tmp_path, capfd, args, needles):
     r = run_cli(capfd, "blocklab-train", "experiment=smoke", *args, cwd=tmp_path)
@@ -164,6 +166,16 @@ def test_train_help_lists_the_groups_with_their_choices(capfd):
     assert "hydra/launcher=" in out
     out = run_cli(capfd, "blocklab-train", "model/position=alibi", "--help").stdout
     assert "model/position=alibi" in out
+
+
+@pytest.mark.parametrize("tool,doc", [("compare", "docs/sweeps.md"),
+                                      ("repro", "docs/reproductions.md")])
+def test_the_other_commands_help_says_where_the_docs_are(capsys, tool, doc):
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"blocklab.{tool}").main(["--help"])
+    assert e.value.code == 0 and f"Docs: {doc}" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------ 4. quiet runs

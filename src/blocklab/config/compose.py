@@ -50,10 +50,13 @@ def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...
 
     from blocklab.config.hydra_errors import composition_error
     from blocklab.config.strict import check_keys
+    from hydra_plugins.blocklab_launchers import register as register_launchers
+
     from blocklab.registry import load_plugins
 
     load_plugins()
     register_configs()
+    register_launchers()  # hydra/launcher=parallel (experiment=position_extrapolation) composes
     extra = [f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"
              ] if config_dirs else []
     try:
