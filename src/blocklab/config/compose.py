@@ -50,9 +50,8 @@ def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...
 
     from blocklab.config.hydra_errors import composition_error
     from blocklab.config.strict import check_keys
-    from hydra_plugins.blocklab_launchers import register as register_launchers
-
     from blocklab.registry import load_plugins
+    from hydra_plugins.blocklab_launchers import register as register_launchers
 
     load_plugins()
     register_configs()
