@@ -6,6 +6,7 @@ a user config directory adds presets and experiments with Hydra's ``--config-dir
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -23,9 +24,12 @@ register_configs()
 _STARTED = False
 
 
-def _console(main) -> None:
-    """Console-script wrapper: Hydra exits 1 on a composition error (unknown group option,
-    typo'd key, wrong type); report those with the config-error exit code like ours."""
+def _console(main, config_name: str) -> None:
+    """Console-script wrapper. Hydra's composition errors (unknown group option, typo'd key,
+    wrong type, an override it cannot parse) end in one line and the config-error exit code
+    like ours: Hydra is asked to raise them (``HYDRA_FULL_ERROR=1``) and they are reworded
+    here (config/hydra_errors.py). Set HYDRA_FULL_ERROR=1 yourself for Hydra's own report."""
+    from blocklab.config import SCHEMAS
     from blocklab.registry import load_plugins
     from hydra_plugins.blocklab_launchers import register as register_launchers
 
@@ -35,36 +39,76 @@ def _console(main) -> None:
     except ConfigError as e:
         print(e, file=sys.stderr)
         sys.exit(e.exit_code)
+    users_own = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         main()
     except SystemExit as e:
         if e.code == 1 and not _STARTED:
             sys.exit(ConfigError.exit_code)
         raise
+    except Exception as e:
+        err = None if users_own == "1" else _before_start(e, sys.argv[1:],
+                                                          SCHEMAS.get(config_name))
+        if err is None:
+            raise
+        print(err, file=sys.stderr)
+        sys.exit(err.exit_code)
+    finally:
+        if users_own is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = users_own
+
+
+def _before_start(e: Exception, argv: list[str], schema: type | None) -> ConfigError | None:
+    """A composition error as a one-line ConfigError; None for anything else (a bug: its
+    traceback is shown). Hydra's own errors are the user's at any time (a sweeper composes
+    later batches after jobs ran); OmegaConf's and Hydra's argument checks only before the
+    command started (``_run`` reports those of a running command itself)."""
+    from hydra.errors import HydraException
+
+    from blocklab.config import composition_error
+
+    if isinstance(e, HydraException | ConfigError) or not _STARTED:
+        err = composition_error(e, [a for a in argv if not a.startswith("-")], schema)
+        if err is not None:
+            return err
+    if not _STARTED and type(e) is ValueError and _raised_in(e, "hydra."):
+        return ConfigError(f"config error: {str(e).splitlines()[0]}")
+    return None
+
+
+def _raised_in(e: BaseException, package: str) -> bool:
+    """Whether the innermost frame of ``e``'s traceback is in ``package``."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(package)
 
 
 def train_cli() -> None:
-    _console(train)
+    _console(train, "train")
 
 
 def eval_cli() -> None:
-    _console(evaluate)
+    _console(evaluate, "eval")
 
 
 def estimate_cli() -> None:
-    _console(estimate)
+    _console(estimate, "estimate")
 
 
 def prepare_cli() -> None:
-    _console(prepare)
+    _console(prepare, "prepare")
 
 
 def import_cli() -> None:
-    _console(import_hf)
+    _console(import_hf, "import")
 
 
 def export_cli() -> None:
-    _console(export_hf)
+    _console(export_hf, "export")
 
 
 def generate_cli() -> None:
@@ -72,21 +116,27 @@ def generate_cli() -> None:
 
 
 def _run(fn, cfg: DictConfig):
-    """Errors users can cause end in one line and a per-class exit code, no traceback."""
+    """Errors users can cause end in one line and a per-class exit code, no traceback. The
+    composed config first holds only keys its schema declares (``+`` adds any key)."""
     global _STARTED
     _STARTED = True
     from omegaconf.errors import OmegaConfBaseException
 
     from blocklab.checkpoint import CheckpointError
+    from blocklab.config import check_keys
     from blocklab.errors import DataError, StorageError
     from blocklab.sweep import in_multirun, run_job
     from blocklab.train.run import Preempted
 
+    def checked(c: DictConfig):
+        check_keys(c)
+        return fn(c)
+
     if in_multirun():  # a failing job records its error; the sweep goes on
-        return run_job(fn, cfg, (OmegaConfBaseException, ConfigError, CheckpointError,
-                                 StorageError, DataError, FloatingPointError, Preempted))
+        return run_job(checked, cfg, (OmegaConfBaseException, ConfigError, CheckpointError,
+                                      StorageError, DataError, FloatingPointError, Preempted))
     try:
-        return fn(cfg)
+        return checked(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         print(f"config error: {key}: {str(e).splitlines()[0]}", file=sys.stderr)
@@ -99,7 +149,7 @@ def _run(fn, cfg: DictConfig):
         sys.exit(getattr(e, "exit_code", 5))
 
 
-def _train(cfg: DictConfig) -> float:
+def _train(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict
 
@@ -111,7 +161,8 @@ def _train(cfg: DictConfig) -> float:
         with open_dict(cfg):
             cfg.run_dir = job_info()["run_dir"]
     run_dir = run_train(cfg, overrides)
-    return objective_value(run_dir, cfg.objective)
+    # what a sweeper (Optuna) optimizes; a single run has no one to return it to
+    return objective_value(run_dir, cfg.objective) if in_multirun() else None
 
 
 def objective_value(run_dir, name: str) -> float:
@@ -207,7 +258,7 @@ def _prepare(cfg: DictConfig) -> None:
           f"{p.fingerprint}")
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="prepare")
 def prepare(cfg: DictConfig) -> None:
     """Tokenize a text corpus once into memory-mapped token shards, reused by every later run
     with the same sources, tokenizer and reading settings (training does it on first use too):

@@ -24,7 +24,7 @@ from typing import Any
 BOOKKEEPING: tuple[str, ...] = (
     "run_dir", "resume", "out_root", "allow_data_change", "objective",
     "logger.", "probes.", "checkpoint_probes.",
-    "trainer.max_steps", "trainer.progress_bar", "trainer.log_every_steps",
+    "trainer.max_steps", "trainer.progress_bar", "trainer.quiet", "trainer.log_every_steps",
     "trainer.val_every_steps", "trainer.ckpt_every_steps", "trainer.keep_checkpoints",
 )
 

@@ -21,7 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="blocklab-compare",
         description="Compare training runs: one row per run with the config keys that differ "
-                    "between them, losses, probe headlines and throughput.")
+                    "between them, losses, probe headlines and throughput.",
+        epilog="Docs: docs/sweeps.md (sweeps and comparison).")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a run directory or a folder holding run directories (a sweep; "
                         f"searched {MAX_DEPTH} levels deep)")

@@ -12,17 +12,21 @@ names the dotted key, the value and the rule: ``config error: <key>=<value!r>: <
 This package must stay import-light (no torch): ``--cfg job`` and ``--help`` use it. Its
 parts: ``schema`` (the dataclasses), ``validate`` and ``probes`` (the rules),
 ``checks`` (their one-line errors), ``compose`` (Hydra composition, user config directories,
-plain model configs from checkpoints). Import from ``blocklab.config``.
+plain model configs from checkpoints), ``strict`` (only keys the schema declares),
+``hydra_errors`` (Hydra's composition errors in one line) and ``usage`` (what ``--help``
+lists). Import from ``blocklab.config``.
 """
 
 from blocklab.config.compose import (
     CONFIG_MODULE,
+    SCHEMAS,
     compose,
     config_dir,
     model_config,
     model_to_dict,
     register_configs,
 )
+from blocklab.config.hydra_errors import composition_error
 from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     COUNTING_MAX_COUNT,
@@ -72,6 +76,7 @@ from blocklab.config.schema import (
     needle_min_length,
     resolve_kv_heads,
 )
+from blocklab.config.strict import check_keys, open_keys
 from blocklab.config.validate import (
     MODEL_AXES,
     has_sources,
@@ -95,6 +100,7 @@ __all__ = [
     "FILLERS",
     "MODEL_AXES",
     "MULTI_NEEDLE_VARIANTS",
+    "SCHEMAS",
     "AggregationProbeConfig",
     "AttentionConfig",
     "BlockConfig",
@@ -127,7 +133,9 @@ __all__ = [
     "TokenizerName",
     "TrainConfig",
     "TrainerConfig",
+    "check_keys",
     "compose",
+    "composition_error",
     "config_dir",
     "counting_choices",
     "counting_min_length",
@@ -143,6 +151,7 @@ __all__ = [
     "multihop_choices",
     "multihop_min_length",
     "needle_min_length",
+    "open_keys",
     "register_configs",
     "resolve_kv_heads",
     "validate_data",

@@ -21,6 +21,10 @@ from blocklab.config.validate import validate_model
 from blocklab.errors import ConfigError
 
 CONFIG_MODULE = "blocklab.configs"  # the configs/ folder, shipped as package data
+# The schema of each command's primary config (configs/<name>.yaml): the keys it may hold.
+SCHEMAS: dict[str, type] = {"train": TrainConfig, "prepare": TrainConfig, "eval": EvalConfig,
+                            "estimate": EstimateConfig, "import": ImportConfig,
+                            "export": ExportConfig}
 
 
 def config_dir() -> str:
@@ -39,23 +43,42 @@ def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...
         model = blocklab.model.build_model(cfg.model)
 
     ``config_dirs`` are user config directories searched first (like ``--config-dir`` on the
-    command line); user plugins are imported first (registry.load_plugins)."""
+    command line); user plugins are imported first (registry.load_plugins). Every error is a
+    one-line :class:`ConfigError`, as on the command line: an unknown group option, a key the
+    schema lacks (``+`` added ones too: config/strict.py), a wrong type."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
+    from blocklab.config.hydra_errors import composition_error
+    from blocklab.config.strict import check_keys
     from blocklab.registry import load_plugins
+    from hydra_plugins.blocklab_launchers import register as register_launchers
 
     load_plugins()
     register_configs()
+    register_launchers()  # hydra/launcher=parallel (experiment=position_extrapolation) composes
     extra = [f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"
              ] if config_dirs else []
-    with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
-        return hydra_compose(config_name, overrides=[*overrides, *extra])
+    try:
+        with initialize_config_module(CONFIG_MODULE, version_base="1.3"):
+            cfg = hydra_compose(config_name, overrides=[*overrides, *extra])
+    except Exception as e:
+        err = composition_error(e, overrides, SCHEMAS.get(config_name))
+        if err is None:
+            raise
+        raise err from None
+    check_keys(cfg)
+    return cfg
 
 
 def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (idempotent)."""
+    """Register the schemas with Hydra's ConfigStore, and the resolver ``--help`` lists the
+    config groups with (idempotent)."""
     from hydra.core.config_store import ConfigStore
+
+    from blocklab.config.usage import register_help_resolver
+
+    register_help_resolver()
 
     cs = ConfigStore.instance()
     cs.store(name="estimate_schema", node=EstimateConfig)

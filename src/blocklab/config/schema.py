@@ -451,6 +451,8 @@ class TrainerConfig:
     threads: int | None = None  # torch.set_num_threads; null = leave as is
     peak_flops: float | None = None  # for MFU; null = measured fp32 matmul rate on CPU
     progress_bar: bool = True
+    # Lightning's own lines (a cloud-logger advertisement, "GPU available: ...") left out
+    quiet: bool = True
     deterministic: bool = False
     # Non-finite loss or gradient: 0 = stop before the optimizer step (the default); N > 0 =
     # skip such steps (no parameter or optimizer-state change), at most N in the whole run.

@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="blocklab-repro",
         description="Run a reference experiment and check its published result: prints "
-                    "expected vs observed, exits 1 when an expectation is missed.")
+                    "expected vs observed, exits 1 when an expectation is missed.",
+        epilog="Docs: docs/reproductions.md (the experiments and their sources).")
     p.add_argument("name", nargs="?", choices=NAMES, help="the experiment")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--size", choices=SIZES, default="full",

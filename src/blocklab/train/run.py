@@ -164,10 +164,13 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_fro
         meta["init_from"] = old["init_from"]
     if not ddp_child():
         _write_run_files(run_dir, meta, old)
+    from blocklab.train.quiet import lightning_quiet
+
     try:
-        return _fit(tc, run_dir, meta, streams, resume_from,
-                    init.state if init is not None and resume_from is None else None,
-                    start_batch=int(old["batches_seen"]) if old is not None else 0)
+        with lightning_quiet(tc.trainer.quiet):
+            return _fit(tc, run_dir, meta, streams, resume_from,
+                        init.state if init is not None and resume_from is None else None,
+                        start_batch=int(old["batches_seen"]) if old is not None else 0)
     finally:
         os.environ.pop("BLOCKLAB_RUN_DIR", None)
         _close_process_group()
