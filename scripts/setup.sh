@@ -19,10 +19,8 @@ if [ "${1:-test}" = "test" ]; then
 fi
 # Re-install only when pyproject.toml changed since the last successful install.
 stamp=.venv/.blocklab-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)-${1:-test}-compat
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)-${1:-test}
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  # compat: src/ on sys.path, so Hydra's plugin scan (pkgutil over the hydra_plugins namespace)
-  # finds src/hydra_plugins/blocklab_launchers; the default editable finder hides it
-  "$VPY" -m pip install -q -e ".[${1:-test}]" --config-settings editable_mode=compat
+  "$VPY" -m pip install -q -e ".[${1:-test}]"
   echo "$want" > "$stamp"
 fi
