@@ -45,6 +45,8 @@ def refused(r, *needles: str) -> str:
      ["ignore_field", "did you mean ignore_fields?"]),
     ("blocklab-export", ["ckpt=nowhere", "out=x", "+arch_name=llama"],
      ["arch_name", "did you mean arch?"]),
+    ("blocklab-generate", ["ckpt=nowhere", "+temprature=0"],
+     ["temprature", "did you mean temperature?"]),
 ])
 def test_a_key_outside_the_schema_is_refused_in_one_line(tmp_path, capfd, tool, args, needles):
     r = run_cli(capfd, tool, *args, cwd=tmp_path)
@@ -52,14 +54,18 @@ def test_a_key_outside_the_schema_is_refused_in_one_line(tmp_path, capfd, tool, 
     assert list(tmp_path.iterdir()) == [], "nothing is written for a refused config"
 
 
-def test_eval_refuses_appended_data_files_it_has_no_key_for(tmp_path, capfd):
-    """``blocklab-eval ckpt=<run> '+data.files=[val.txt]'`` used to print the training
-    hold-out's loss as if it were val.txt's; a key eval declares itself (an eval data option)
-    is instead set without the ``+``: either way the appended key is refused before loading."""
+def test_eval_data_files_name_the_corpus_evaluated_never_ignored(tmp_path, capfd):
+    """``blocklab-eval ckpt=<run> '+data.files=[val.txt]'`` used to be accepted, ignored, and the
+    training hold-out's loss printed as if it were val.txt's. ``data`` is now eval's own key
+    (the corpus to evaluate on, tests/eval/test_eval_data.py checks its loss): with or without
+    the ``+`` it lands there, and a misspelt key below it is refused before anything loads."""
+    for arg in ("+data.files=[val.txt]", "data.files=[val.txt]"):
+        cfg = compose("eval", ["ckpt=run", arg])
+        assert list(cfg.data.files) == ["val.txt"], arg
     (tmp_path / "val.txt").write_text("some text\n")
-    r = run_cli(capfd, "blocklab-eval", f"ckpt={tmp_path / 'run'}", "+data.files=[val.txt]",
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={tmp_path / 'run'}", "+data.file=[val.txt]",
                 cwd=tmp_path)
-    refused(r, "data.files")
+    refused(r, "data.file", "did you mean data.files?")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["val.txt"]
 
 
@@ -86,7 +92,7 @@ def test_places_open_on_purpose_stay_open():
     assert cfg.model.mixer.options.my_knob == 3
     assert {name: open_keys(s) for name, s in SCHEMAS.items()} == {
         "train": ["model.mixer.options"], "prepare": ["model.mixer.options"],
-        "estimate": ["model.mixer.options"], "eval": [], "import": [], "export": []}
+        "estimate": ["model.mixer.options"], "eval": [], "import": [], "export": [], "generate": []}
 
 
 def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path, capfd):
@@ -128,7 +134,8 @@ HELP = {"blocklab-train": ("train", "docs/training.md"), "blocklab-eval": ("eval
         "blocklab-estimate": ("estimate", "docs/training.md"),
         "blocklab-prepare": ("prepare", "docs/data.md"),
         "blocklab-import": ("import", "docs/pretrained.md"),
-        "blocklab-export": ("export", "docs/pretrained.md")}
+        "blocklab-export": ("export", "docs/pretrained.md"),
+        "blocklab-generate": ("generate", "docs/generation.md")}
 
 
 def _top_level_keys(schema: type, groups: set[str]) -> list[str]:
@@ -154,7 +161,7 @@ def test_help_says_what_the_command_does_its_keys_groups_and_docs(capfd, tool):
             assert f"  {key} " in out, f"{tool} --help does not name its key {key}"
         for row in lines[groups_at + 1:]:
             assert "schema" not in row, row  # the structured-config base is no preset
-    if name in ("import", "export"):
+    if name in ("import", "export", "generate"):
         for key in _top_level_keys(SCHEMAS[name], set()):
             assert f"  {key} " in out, f"{tool} --help does not name its key {key}"
         assert "model/position" not in out and "trainer=" not in out

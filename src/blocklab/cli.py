@@ -112,7 +112,7 @@ def export_cli() -> None:
 
 
 def generate_cli() -> None:
-    _console(generate)
+    _console(generate, "generate")
 
 
 def _run(fn, cfg: DictConfig):

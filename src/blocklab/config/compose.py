@@ -24,7 +24,7 @@ CONFIG_MODULE = "blocklab.configs"  # the configs/ folder, shipped as package da
 # The schema of each command's primary config (configs/<name>.yaml): the keys it may hold.
 SCHEMAS: dict[str, type] = {"train": TrainConfig, "prepare": TrainConfig, "eval": EvalConfig,
                             "estimate": EstimateConfig, "import": ImportConfig,
-                            "export": ExportConfig}
+                            "export": ExportConfig, "generate": GenerateConfig}
 
 
 def config_dir() -> str:
