@@ -30,7 +30,6 @@ DOCUMENT_SPLITS = ("file", "line", "paragraph")  # plain text: what one document
 SOURCE_FINGERPRINTS = ("stat", "content")
 LONG_DOCUMENTS = ("split", "truncate")
 UTF8_ERRORS = ("replace", "strict")
-OPTIMIZERS = ("adamw",)
 # Lightning accelerators blocklab runs on ("gpu" = Lightning's alias of the CUDA backend).
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 # Lightning 2.6's precision strings (lightning.fabric.plugins.precision.precision
@@ -393,12 +392,16 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: str = "adamw"  # adamw | sgd | lion | adafactor, or a registered one (train/optim.py)
     lr: float = 1e-3
+    # on the weights of linear layers only (train/optim.py param_groups), for every optimizer:
+    # decoupled for adamw / lion / adafactor, L2 (added to the gradient) for sgd
     weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # adamw, lion
+    eps: float = 1e-8  # adamw
     grad_clip: float = 1.0  # 0 = off
+    momentum: float = 0.9  # sgd
+    nesterov: bool = False  # sgd
 
 
 @dataclass

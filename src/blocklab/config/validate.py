@@ -16,7 +16,6 @@ from blocklab.config.schema import (
     GELU_FORMS,
     LONG_DOCUMENTS,
     MARKOV_MIN_FILLER,
-    OPTIMIZERS,
     PRECISIONS,
     SOURCE_FINGERPRINTS,
     STRATEGIES,
@@ -347,7 +346,10 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
 
 
 def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
-    _one_of(f"{key}.name", o.name, OPTIMIZERS)
+    """Every optimizer key, whichever optimizer uses it (the defaults are valid for all)."""
+    from blocklab import registry
+
+    registry.lookup("optim", o.name, f"{key}.name")
     _check(_finite(o.lr) and o.lr > 0, f"{key}.lr", o.lr, "must be > 0")
     _check(len(o.betas) == 2, f"{key}.betas", o.betas, "needs two values [beta1, beta2]")
     _check(all(_finite(b) and 0 <= b < 1 for b in o.betas), f"{key}.betas", o.betas,
@@ -357,6 +359,10 @@ def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
            o.weight_decay, "must be >= 0")
     _check(_finite(o.grad_clip) and o.grad_clip >= 0, f"{key}.grad_clip", o.grad_clip,
            "must be >= 0 (0 = off)")
+    _check(_finite(o.momentum) and 0 <= o.momentum < 1, f"{key}.momentum", o.momentum,
+           "must be in [0, 1)")
+    _check(not (o.name == "sgd" and o.nesterov and o.momentum == 0), f"{key}.nesterov",
+           o.nesterov, "Nesterov momentum needs optim.momentum > 0")
     return o
 
 
