@@ -106,6 +106,9 @@ def _train(cfg: DictConfig) -> float:
     if in_multirun() and not cfg.resume:  # each job trains into <sweep dir>/<job number>
         with open_dict(cfg):
             cfg.run_dir = job_info()["run_dir"]
+        from blocklab.train.loggers import name_sweep_job  # named by its varied keys
+
+        name_sweep_job(cfg.logger, HydraConfig.get().sweep.dir, overrides, job_info()["job"])
     run_dir = run_train(cfg, overrides)
     return objective_value(run_dir, cfg.objective)
 

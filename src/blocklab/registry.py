@@ -60,6 +60,7 @@ AXES: dict[str, Axis] = {
     "schedule": Axis("blocklab.train.optim", "SCHEDULES", "schedule.name", "schedule"),
     "logger": Axis("blocklab.train.loggers", "LOGGERS", "logger.name", "logger"),
     "optim": Axis("blocklab.train.optim", "OPTIMIZERS", "optim.name", "optim"),
+    "callback": Axis("blocklab.train.callbacks", "CALLBACKS", "callbacks", "callbacks"),
 }
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")

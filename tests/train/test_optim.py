@@ -45,9 +45,9 @@ def test_every_optimizer_keeps_the_weight_decay_groups(name):
 def test_sgd_takes_its_momentum_and_nesterov_keys():
     opt = build_optimizer(Tiny(), OptimConfig(name="sgd", lr=0.1, momentum=0.8, nesterov=True))
     assert (opt.defaults["momentum"], opt.defaults["nesterov"]) == (0.8, True)
-    with pytest.raises(ConfigError, match="optim.nesterov"):
+    with pytest.raises(ConfigError, match=r"optim\.nesterov"):
         validate_optim(OptimConfig(name="sgd", momentum=0.0, nesterov=True))
-    with pytest.raises(ConfigError, match="optim.momentum"):
+    with pytest.raises(ConfigError, match=r"optim\.momentum"):
         validate_optim(OptimConfig(name="sgd", momentum=1.0))
 
 
