@@ -129,3 +129,22 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
     for name in ga:
         torch.testing.assert_close(ga[name], gb[name], rtol=1e-6, atol=1e-7)
+
+
+def test_the_progress_bar_counts_steps_of_max_steps_without_epochs_or_v_num(tmp_path):
+    """Lightning's own bar read "Epoch 0/-2" (max_steps runs have max_epochs=-1) and showed
+    the logger's "v_num"; blocklab's counts optimizer steps out of ``trainer.max_steps``."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from blocklab.train.callbacks import progress_bar
+
+    (bar,) = progress_bar(True)
+    trainer = SimpleNamespace(max_steps=30, loggers=[CSVLogger(tmp_path)], current_epoch=0,
+                              max_epochs=-1, progress_bar_metrics={"train/loss": 5.0})
+    bar._trainer = trainer
+    assert bar.total_train_batches == 30
+    assert bar._get_train_description(0) == "step"
+    assert bar.get_metrics(trainer, None) == {"train/loss": 5.0}
+    assert progress_bar(False) == []
