@@ -330,3 +330,31 @@ def test_compare_never_imports_torch(sweep: Path, tmp_path: Path) -> None:
     assert len(lines) == 2 + 4 and "| job 0 | 1 | rope | 1000 | ok |" in proc.stdout
     for name in ("compare.csv", "compare.md", "loss_curves.png", "probe_accuracy.png"):
         assert (out / name).stat().st_size > 0, name
+
+
+def test_loss_axis_ticks_read_as_plain_numbers(tmp_path: Path) -> None:
+    """A loss curve over a narrow range (5.4 -> 5.0, log y): no "5.35×10^0" tick labels."""
+    import matplotlib.pyplot as plt
+
+    from blocklab.compare.plots import plot_loss_curves
+
+    curves = {"train/loss": [(s, 5.4 - 0.02 * s) for s in range(1, 21)]}
+    seen = {}
+
+    real_save = plt.Figure.savefig
+
+    def keep(fig, *a, **kw):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        seen["labels"] = [t.get_text() for t in ax.get_yticklabels(minor=True)
+                          + ax.get_yticklabels() if t.get_text()]
+        return real_save(fig, *a, **kw)
+
+    plt.Figure.savefig = keep
+    try:
+        plot_loss_curves([{"run": "a", "name": "a", "curves": curves}], tmp_path / "loss.png")
+    finally:
+        plt.Figure.savefig = real_save
+    labels = seen["labels"]
+    assert labels and not any("10^" in t or "times" in t or "\\\\" in t for t in labels), labels
+    assert all(float(t.replace(",", "")) > 0 for t in labels), labels

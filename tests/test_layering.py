@@ -17,6 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "blocklab"
 FLOORS = {
     "errors": 0,
     "provenance": 1, "registry": 1, "plotting": 1, "faults": 1, "runlock": 1, "files": 1,
+    "progress": 1,
     "config": 2,
     "model": 3, "data": 3,
     "objectives": 4, "checkpoint": 4,

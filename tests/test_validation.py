@@ -106,7 +106,7 @@ MORE_RULES = [  # rules beyond the issue's list, checked on the config alone (fa
     (["trainer.num_nodes=0"], "trainer.num_nodes", ">= 1"),
     (["trainer.threads=0"], "trainer.threads", ">= 1"),
     (["trainer.strategy=fsdp"], "trainer.strategy", "model_parallel"),
-    (["optim.name=sgd"], "optim.name", "adamw"),
+    (["optim.name=sgdx"], "optim.name", "known: adafactor, adamw, lion, sgd"),
     (["optim.eps=0"], "optim.eps", "> 0"),
     (["schedule.warmup_steps=-1"], "schedule.warmup_steps", ">= 0"),
     (["logger=wandb", "logger.mode=offlien"], "logger.mode", "offline"),

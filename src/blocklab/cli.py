@@ -160,6 +160,9 @@ def _train(cfg: DictConfig) -> float | None:
     if in_multirun() and not cfg.resume:  # each job trains into <sweep dir>/<job number>
         with open_dict(cfg):
             cfg.run_dir = job_info()["run_dir"]
+        from blocklab.train.loggers import name_sweep_job  # named by its varied keys
+
+        name_sweep_job(cfg.logger, HydraConfig.get().sweep.dir, overrides, job_info()["job"])
     run_dir = run_train(cfg, overrides)
     # what a sweeper (Optuna) optimizes; a single run has no one to return it to
     return objective_value(run_dir, cfg.objective) if in_multirun() else None

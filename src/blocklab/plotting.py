@@ -73,3 +73,17 @@ def no_data(ax: Any, message: str) -> None:
     """A grey note in the middle of an empty axes, saying why nothing was drawn."""
     ax.text(0.5, 0.5, message, transform=ax.transAxes, ha="center", va="center",
             fontsize=11, color="dimgray", bbox={"facecolor": "white", "edgecolor": "lightgray"})
+
+
+
+def plain_log_axis(axis: Any) -> None:
+    """Log-scale tick labels (major and minor) as plain numbers: 20, 5.35, 0.02, 10,000 rather
+    than matplotlib's mathtext ``5.35×10^0`` (a loss curve over a narrow range) or ``1e4``."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
+            return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+    axis.set_major_formatter(Plain(labelOnlyBase=False))
+    axis.set_minor_formatter(Plain(labelOnlyBase=False))

@@ -59,6 +59,8 @@ AXES: dict[str, Axis] = {
     "corpus": Axis("blocklab.data.sources", "CORPORA", "data.corpus"),
     "schedule": Axis("blocklab.train.optim", "SCHEDULES", "schedule.name", "schedule"),
     "logger": Axis("blocklab.train.loggers", "LOGGERS", "logger.name", "logger"),
+    "optim": Axis("blocklab.train.optim", "OPTIMIZERS", "optim.name", "optim"),
+    "callback": Axis("blocklab.train.callbacks", "CALLBACKS", "callbacks", "callbacks"),
 }
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")

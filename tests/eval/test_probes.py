@@ -248,3 +248,31 @@ def test_reports_are_written_keyed_and_complete(tmp_path):
                 "chance", "status"):
         assert col in header
     assert not list(tmp_path.glob("**/*.tmp-*"))
+
+
+def test_scoring_reports_progress_as_lines_in_a_log_with_the_same_results():
+    """A probe grid is never silent: counted batches on stderr (here a log, not a terminal),
+    a line whenever ``every`` seconds passed — the clock is injected, so no timing — and the
+    results equal those of a run without progress lines."""
+    import io
+
+    from blocklab.progress import Progress
+
+    spec = small_spec(perplexity=PerplexityProbeConfig(enabled=False), batch_size=8)
+    ticks = iter(range(0, 10**6, 100))  # 100 "seconds" per clock read: every batch is reported
+    log = io.StringIO()
+    backend = BlocklabBackend(Oracle("decoder"))
+    r = run_spec(backend, spec, builder=TokenBuilder(VOCAB, 1234), train_length=64,
+                 keys={"step": 0}, plots=False,
+                 progress=Progress("probes", stream=log, every=10, clock=lambda: next(ticks)))
+    lines = log.getvalue().splitlines()
+    n_items = sum(c["n"] for c in r.cells)
+    n_batches = -(-n_items // 8)
+    assert lines[0] == f"probes: {spec.name}, {n_items} items: batches 0/{n_batches}"
+    assert len(lines) == n_batches + 1 and lines[-1].endswith(f"{n_batches}/{n_batches} (100%)")
+    quiet_log = io.StringIO()
+    again = run_spec(backend, spec, builder=TokenBuilder(VOCAB, 1234), train_length=64,
+                     keys={"step": 0}, plots=False,
+                     progress=Progress("probes", stream=quiet_log, every=10, clock=lambda: 0.0))
+    assert len(quiet_log.getvalue().splitlines()) == 2  # start and end only
+    assert again.cells == r.cells

@@ -58,8 +58,8 @@ def straight(tmp_path_factory) -> Path:
 
 def test_every_step_row_is_written_before_the_checkpoint_that_follows_it(straight):
     logged = rows(straight)
-    assert steps_of(logged, "train/loss") == list(range(16))
-    assert steps_of(logged, "val/loss") == [3, 7, 11, 15]
+    assert steps_of(logged, "train/loss") == list(range(1, 17))
+    assert steps_of(logged, "val/loss") == [4, 8, 12, 16]
 
 
 @pytest.mark.parametrize("fault", ["SIGKILL@save:8", "SIGKILL@step:11", "SIGINT@step:10"])
@@ -76,12 +76,12 @@ def test_after_a_crash_and_resume_each_row_exists_once_and_the_run_is_exact(
     again = cli(*ARGS, f"resume={run}")
     assert again.returncode == 0, again.stderr[-3000:]
     logged = rows(run)
-    assert steps_of(logged, "train/loss") == list(range(16))  # each step once
-    assert steps_of(logged, "val/loss") == [3, 7, 11, 15]
+    assert steps_of(logged, "train/loss") == list(range(1, 17))  # each step once
+    assert steps_of(logged, "val/loss") == [4, 8, 12, 16]
     assert losses(run) == losses(straight)
     set_aside = rows(run, "metrics.superseded.csv")
-    if fault == "SIGKILL@step:11":  # rows 8..10 were written before the kill, and again after
-        assert steps_of(set_aside, "train/loss") == [8, 9, 10]
+    if fault == "SIGKILL@step:11":  # rows 9..11 were written before the kill, and again after
+        assert steps_of(set_aside, "train/loss") == [9, 10, 11]
         assert "moved to logs/*/metrics.superseded.csv" in again.stderr
 
 

@@ -55,7 +55,7 @@ def states_equal(a: dict, b: dict, path: str = "") -> list[str]:
 def assert_resumed_equals_straight(straight: Path, run: Path, meta_keys: tuple[str, ...]) -> None:
     """Same per-step losses (as logged strings) and the same final training state."""
     a, b = losses(straight), losses(run)
-    assert sorted(a) == list(range(16)) and a == b
+    assert sorted(a) == list(range(1, 17)) and a == b  # rows keyed by steps done
     full = torch.load(straight / "checkpoints/step-000016/state.pt", weights_only=True)
     resumed = torch.load(run / "checkpoints/step-000016/state.pt", weights_only=True)
     for key in ("state_dict", "optimizer_states", "lr_schedulers"):

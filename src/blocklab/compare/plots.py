@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.compare.text import unique_labels
-from blocklab.plotting import colours, new_figure, no_data, save_png
+from blocklab.plotting import colours, new_figure, no_data, plain_log_axis, save_png
 
 
 def plot_loss_curves(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
@@ -34,6 +34,7 @@ def plot_loss_curves(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
         plotted = plotted or bool(train or val)
     if plotted:
         ax.set_yscale("log")
+        plain_log_axis(ax.yaxis)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                   ncol=1 if len(rows) <= 20 else 2)
     else:

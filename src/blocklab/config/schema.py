@@ -30,7 +30,6 @@ DOCUMENT_SPLITS = ("file", "line", "paragraph")  # plain text: what one document
 SOURCE_FINGERPRINTS = ("stat", "content")
 LONG_DOCUMENTS = ("split", "truncate")
 UTF8_ERRORS = ("replace", "strict")
-OPTIMIZERS = ("adamw",)
 # Lightning accelerators blocklab runs on ("gpu" = Lightning's alias of the CUDA backend).
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
 # Lightning 2.6's precision strings (lightning.fabric.plugins.precision.precision
@@ -41,6 +40,8 @@ PRECISIONS = ("32-true", "32", "16-mixed", "16", "bf16-mixed", "bf16", "16-true"
 # blocklab's own sharded setups, the rest go to Lightning as is).
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "model_parallel")
 WANDB_MODES = ("offline", "online", "disabled")
+PROFILERS = ("simple", "advanced", "pytorch")  # Lightning's profilers by name
+GRAD_NORMS = ("none", "global", "layer")  # trainer.log_grad_norm
 PROBE_SPACES = ("auto", "token", "text")
 TEXT_HAYSTACKS = ("essay", "shakespeare")  # built in; anything else is a path to a text file
 
@@ -414,12 +415,16 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
+    name: str = "adamw"  # adamw | sgd | lion | adafactor, or a registered one (train/optim.py)
     lr: float = 1e-3
+    # on the weights of linear layers only (train/optim.py param_groups), for every optimizer:
+    # decoupled for adamw / lion / adafactor, L2 (added to the gradient) for sgd
     weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # adamw, lion
+    eps: float = 1e-8  # adamw
     grad_clip: float = 1.0  # 0 = off
+    momentum: float = 0.9  # sgd
+    nesterov: bool = False  # sgd
 
 
 @dataclass
@@ -457,13 +462,24 @@ class TrainerConfig:
     # Non-finite loss or gradient: 0 = stop before the optimizer step (the default); N > 0 =
     # skip such steps (no parameter or optimizer-state change), at most N in the whole run.
     skip_nonfinite: int = 0
+    # stop cleanly after this much training time, "DD:HH:MM:SS" (Lightning's max_time), checked
+    # after each optimizer step; the checkpoint of the last step is written, exit status 0
+    max_time: str | None = None
+    profiler: str | None = None  # simple | advanced | pytorch: report under <run dir>/profiler/
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    detect_anomaly: bool = False  # torch.autograd anomaly detection (slow; finds the NaN's op)
+    log_grad_norm: str = "global"  # none | global | layer (train/grad_norm[/<layer>], pre-clip)
 
 
 @dataclass
 class LoggerConfig:
-    name: str = "csv"  # csv | tensorboard | wandb | none
+    name: str = "csv"  # csv | tensorboard | wandb | many | none (the CSV log is kept but for none)
+    loggers: list[str] = field(default_factory=list)  # logger=many: the loggers to use together
     project: str = "blocklab"
     mode: str = "offline"  # wandb: offline unless asked
+    run_name: str | None = None  # null = the run directory's name (a sweep job: its varied keys)
+    group: str | None = None  # null = none (a sweep job: the sweep directory's name)
+    log_checkpoints: bool = False  # wandb: each checkpoint also as an artifact (opt-in: size)
 
 
 @dataclass
@@ -611,6 +627,9 @@ class TrainConfig:
     init_from: str | None = None
     allow_data_change: bool = False  # resume: accept a different data/tokenizer fingerprint
     objective: str = "val/loss"  # the metric a run returns to sweepers (Optuna minimizes it)
+    # Lightning callbacks by name (configs/callbacks/*.yaml, train/callbacks.py): each key a
+    # registered callback, its value that callback's options; open on purpose (user callbacks)
+    callbacks: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

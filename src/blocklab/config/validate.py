@@ -16,10 +16,11 @@ from blocklab.config.schema import (
     DOCUMENT_SPLITS,
     FILLERS,
     GELU_FORMS,
+    GRAD_NORMS,
     LONG_DOCUMENTS,
     MARKOV_MIN_FILLER,
-    OPTIMIZERS,
     PRECISIONS,
+    PROFILERS,
     SOURCE_FINGERPRINTS,
     STRATEGIES,
     UTF8_ERRORS,
@@ -413,7 +414,10 @@ def _source_words(d: DataConfig) -> str:
 
 
 def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
-    _one_of(f"{key}.name", o.name, OPTIMIZERS)
+    """Every optimizer key, whichever optimizer uses it (the defaults are valid for all)."""
+    from blocklab import registry
+
+    registry.lookup("optim", o.name, f"{key}.name")
     _check(_finite(o.lr) and o.lr > 0, f"{key}.lr", o.lr, "must be > 0")
     _check(len(o.betas) == 2, f"{key}.betas", o.betas, "needs two values [beta1, beta2]")
     _check(all(_finite(b) and 0 <= b < 1 for b in o.betas), f"{key}.betas", o.betas,
@@ -423,6 +427,10 @@ def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
            o.weight_decay, "must be >= 0")
     _check(_finite(o.grad_clip) and o.grad_clip >= 0, f"{key}.grad_clip", o.grad_clip,
            "must be >= 0 (0 = off)")
+    _check(_finite(o.momentum) and 0 <= o.momentum < 1, f"{key}.momentum", o.momentum,
+           "must be in [0, 1)")
+    _check(not (o.name == "sgd" and o.nesterov and o.momentum == 0), f"{key}.nesterov",
+           o.nesterov, "Nesterov momentum needs optim.momentum > 0")
     return o
 
 
@@ -453,6 +461,7 @@ def validate_trainer(t: TrainerConfig, key: str = "trainer") -> TrainerConfig:
            "must be null (leave as is) or >= 1")
     _check(t.peak_flops is None or (_finite(t.peak_flops) and t.peak_flops > 0),
            f"{key}.peak_flops", t.peak_flops, "must be null (measured on CPU) or > 0")
+    _validate_trainer_options(t, key)
     if t.accelerator == "cpu":
         _check(t.strategy != "fsdp", f"{key}.strategy", t.strategy,
                "Lightning's FSDP needs GPUs", "use trainer=model_parallel (FSDP2) on CPU")
@@ -475,20 +484,61 @@ def validate_trainer(t: TrainerConfig, key: str = "trainer") -> TrainerConfig:
     return t
 
 
+#: Lightning's max_time format (its Timer callback's string form).
+MAX_TIME = r"(\d+):(\d\d):(\d\d):(\d\d)"
+
+
+def _validate_trainer_options(t: TrainerConfig, key: str) -> None:
+    """The Lightning options reachable from the trainer group (train/callbacks.py)."""
+    import re
+
+    _check(t.max_time is None or (isinstance(t.max_time, str)
+                                  and re.fullmatch(MAX_TIME, t.max_time.strip()) is not None),
+           f"{key}.max_time", t.max_time, "must be null or DD:HH:MM:SS (e.g. 00:12:00:00)",
+           "quote it on the command line: trainer.max_time='00:00:30:00'")
+    _check(t.profiler is None or t.profiler in PROFILERS, f"{key}.profiler", t.profiler,
+           f"must be null (off) or one of {', '.join(PROFILERS)}")
+    _one_of(f"{key}.log_grad_norm", t.log_grad_norm, GRAD_NORMS,
+            "none: off; global: one norm over every parameter; layer: also one per block")
+
+
 def validate_logger(lg: LoggerConfig, key: str = "logger") -> LoggerConfig:
+    """The logger by name; ``many`` names at least one other logger and never itself."""
     from blocklab import registry
 
     registry.lookup("logger", lg.name, f"{key}.name")
-    if lg.name == "wandb":
+    chosen = list(lg.loggers) if lg.name == "many" else [lg.name]
+    _check(bool(chosen), f"{key}.loggers", list(lg.loggers),
+           "logger=many needs at least one logger", "e.g. logger.loggers=[tensorboard,wandb]")
+    for name in chosen:
+        _check(name not in ("many", "none") or name == lg.name, f"{key}.loggers", list(lg.loggers),
+               f"{name!r} cannot be one of several loggers")
+        registry.lookup("logger", name, f"{key}.loggers")
+    if "wandb" in chosen:
         _one_of(f"{key}.mode", lg.mode, WANDB_MODES)
-    if lg.name == "tensorboard":
+    if "tensorboard" in chosen:
         import importlib.util
 
         _check(bool(importlib.util.find_spec("tensorboard")
-                    or importlib.util.find_spec("tensorboardX")), f"{key}.name", lg.name,
+                    or importlib.util.find_spec("tensorboardX")), f"{key}.name", "tensorboard",
                "the tensorboard package is not installed",
                "pip install 'blocklab[tensorboard]'")
     return lg
+
+
+def validate_callbacks(callbacks: dict[str, Any], key: str = "callbacks") -> dict[str, Any]:
+    """Each callback by its registered name, its options a mapping; a callback with a
+    ``check(options, key)`` states its own rules (train/callbacks.py)."""
+    from blocklab import registry
+
+    for name, options in callbacks.items():
+        component = registry.lookup("callback", name, f"{key}.{name}")
+        _check(options is None or isinstance(options, dict), f"{key}.{name}", options,
+               "must be a mapping of that callback's options (or {})")
+        check = getattr(component, "check", None)
+        if check is not None:
+            check(dict(options or {}), f"{key}.{name}")
+    return callbacks
 
 
 def validate_train(tc: TrainConfig) -> TrainConfig:
@@ -510,6 +560,7 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
     validate_schedule(tc.schedule)
     validate_trainer(tc.trainer)
     validate_logger(tc.logger)
+    validate_callbacks(tc.callbacks)
     for key in ("probes", "checkpoint_probes"):
         validate_run_probe_spec(getattr(tc, key), tc, key)
     return tc

@@ -4,7 +4,9 @@ The callback runs the (coarse) probe spec when Lightning saves a checkpoint, on 
 ``no_grad`` with the model in ``eval()`` (train mode restored after). Probe items are pure
 functions of the probe seed — nothing draws from the global random generators — so training
 is bit-identical with and without the callback (tested, with dropout on). Results go to
-``<run dir>/probes/step-NNNNNN/<spec>-<hash>/`` and a few headline numbers to the loggers.
+``<run dir>/probes/step-NNNNNN/<spec>-<hash>/``; to the loggers go a few headline numbers, and
+(:func:`log_probe_result`) the cells, effective lengths and lost-in-the-middle curves as tables
+and the PNGs as images.
 A probe that raises is reported (a warning, and ``probe_error.txt`` beside its results) and
 training continues unchanged; the checkpoint is written as usual.
 """
@@ -46,6 +48,86 @@ def headline(summary: dict[str, Any]) -> dict[str, float]:
             if s["pooled"]["accuracy"] is not None:
                 out[f"probe/{probe}_{variant.replace(' ', '_')}/accuracy"] = s["pooled"]["accuracy"]
     return out
+
+
+def probe_tables(result: Any) -> dict[str, tuple[list[str], list[list[Any]]]]:
+    """``name -> (columns, rows)``: every scored cell, the effective length per needle variant,
+    and each lost-in-the-middle curve (accuracy by gold position)."""
+    cells = [r for r in result.cells if r.get("probe") != "perplexity"]
+    columns = list(dict.fromkeys(k for r in cells for k in r))
+    tables = {"cells": (columns, [[_plain(r.get(c)) for c in columns] for r in cells])}
+    summary = result.summary
+    needle = [[variant, s.get("effective_length"), s.get("threshold"),
+               s["within_train_length"]["accuracy"], s["beyond_train_length"]["accuracy"]]
+              for variant, s in (summary.get("needle") or {}).items()]
+    if needle:
+        tables["effective_length"] = (["variant", "effective_length", "threshold",
+                                       "within_train_length", "beyond_train_length"], needle)
+    litm = [[curve, int(pos), acc] for curve, s in (summary.get("litm") or {}).items()
+            for pos, acc in (s.get("accuracy_by_gold_position") or {}).items()]
+    if litm:
+        tables["litm"] = (["curve", "gold_position", "accuracy"], litm)
+    return tables
+
+
+def _plain(value: Any) -> Any:
+    """A table cell: numbers and strings as they are, anything else as text."""
+    return value if value is None or isinstance(value, int | float | str) else str(value)
+
+
+def log_probe_result(loggers: list, result: Any, step: int) -> None:
+    """The probe tables and PNGs to every logger that takes them: ``log_table`` /
+    ``log_image`` (wandb, and other Lightning loggers with that API), TensorBoard's writer
+    (``add_text`` as markdown tables, ``add_image``). The CSV logger has the files already."""
+    prefix = f"probe/{result.summary.get('spec', 'probes')}"  # coarse and full kept apart
+    tables = probe_tables(result)
+    images = {k.removesuffix("_png"): v for k, v in result.files.items() if k.endswith("_png")}
+    for logger in loggers:
+        try:
+            _log_to(logger, prefix, tables, images, step)
+        except Exception as e:  # a logger's failure loses neither the files nor the run
+            print(f"warning: probe tables/images for {type(logger).__name__} failed "
+                  f"({type(e).__name__}: {e}); the files are under the run directory",
+                  file=sys.stderr)
+
+
+def _log_to(logger: Any, prefix: str, tables: dict[str, tuple[list[str], list[list[Any]]]],
+            images: dict[str, str], step: int) -> None:
+    writer = getattr(logger, "experiment", None) if _is_tensorboard(logger) else None
+    if writer is not None:
+        for name, (columns, rows) in tables.items():
+            writer.add_text(f"{prefix}/{name}", _markdown(columns, rows), step)
+        for name, path in images.items():
+            writer.add_image(f"{prefix}/plot/{name}", _read_png(path), step, dataformats="HWC")
+        writer.flush()
+    elif hasattr(logger, "log_table") and hasattr(logger, "log_image"):
+        for name, (columns, rows) in tables.items():
+            logger.log_table(f"{prefix}/{name}", columns=columns, data=rows, step=step)
+        for name, path in images.items():
+            logger.log_image(f"{prefix}/plot/{name}", images=[str(path)], step=step)
+
+
+def _is_tensorboard(logger: Any) -> bool:
+    return type(logger).__name__ == "TensorBoardLogger"
+
+
+def _markdown(columns: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table (TensorBoard's text plugin renders it)."""
+    def cell(v: Any) -> str:
+        return "" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _read_png(path: str | Path) -> Any:
+    """An (H, W, 3) uint8 array of a PNG (alpha dropped)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
 
 
 class ProbeCallback(L.Callback):
@@ -92,6 +174,7 @@ class ProbeCallback(L.Callback):
         scalars = headline(result.summary)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
+        log_probe_result(trainer.loggers, result, step)
         if self.verbose:
             print(f"probes at step {step}: " + ", ".join(
                 f"{k.removeprefix('probe/')} {v:.3g}" for k, v in scalars.items()),

@@ -17,7 +17,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from blocklab.plotting import colours, finite_float, finite_int, new_figure, no_data, save_png
+from blocklab.plotting import (
+    colours,
+    finite_float,
+    finite_int,
+    new_figure,
+    no_data,
+    plain_log_axis,
+    save_png,
+)
 
 _NA_COLOUR = "#b0b0b0"
 _MISSING_COLOUR = "#f2f2f2"
@@ -408,18 +416,6 @@ def _ppl_curve(rows: Sequence[Cell], variant: str, lengths: Sequence[int]) -> li
     return ys
 
 
-def _plain_log_axis(axis: Any) -> None:
-    """Log-scale tick labels as plain numbers: 20, 100, 10,000 rather than 2x10^1, 1e4."""
-    from matplotlib.ticker import LogFormatter
-
-    class _Plain(LogFormatter):
-        def _num_to_string(self, x: float, vmin: float, vmax: float) -> str:
-            return f"{x:,.0f}" if x >= 1 else f"{x:.2g}"
-
-    axis.set_major_formatter(_Plain(labelOnlyBase=False))
-    axis.set_minor_formatter(_Plain(labelOnlyBase=False))
-
-
 def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
                     train_length: int | None, title: str = "") -> Path:
     """Perplexity against context length (log2 x, log y), one line per variant; N/A points
@@ -454,7 +450,7 @@ def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     ax.xaxis.set_minor_formatter(NullFormatter())
     if any_data:
         ax.set_yscale("log")
-        _plain_log_axis(ax.yaxis)
+        plain_log_axis(ax.yaxis)
     else:
         no_data(ax, "no perplexity to plot (all cells N/A)")
     if train_length:

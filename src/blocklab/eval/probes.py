@@ -37,7 +37,8 @@ from blocklab.eval.aggregate import (
 from blocklab.eval.items import Cell, lengths_of
 from blocklab.eval.perplexity import perplexity_rows
 from blocklab.eval.report import format_report, write
-from blocklab.eval.scoring import score_items
+from blocklab.eval.scoring import _batches, score_items
+from blocklab.progress import Progress
 
 
 @dataclass
@@ -94,18 +95,37 @@ def _perplexity(backend, spec: ProbeSpec, builder, train_length: int) -> list[di
                 for length in lens for mode in ("nonoverlapping", "sliding")]
 
 
+def _score(backend, spec: ProbeSpec, items: list, decode, progress: Progress
+           ) -> list[dict[str, Any]]:
+    """Score every item batch by batch (the same batches as one call over all items), counting
+    the batches on ``progress``: a bar on a terminal, a line every ``progress.every`` seconds
+    in a log."""
+    batches = _batches(items, spec.batch_size)
+    scored: list[dict[str, Any]] = []
+    with progress.count(f"{spec.name}, {len(items)} items: batches", len(batches)) as tick:
+        for batch in batches:
+            scored += score_items(backend, batch, batch_size=spec.batch_size, decode=decode,
+                                  max_new_tokens=spec.text.max_new_tokens if decode else None)
+            tick()
+    return scored
+
+
 def run_spec(backend, spec: ProbeSpec, *, builder, train_length: int, keys: dict[str, Any],
              out_dir: Path | None = None, decode: Callable[[list[int]], str] | None = None,
-             plots: bool = True, log: Callable[[str], None] | None = None) -> ProbeResult:
-    """Build (through ``builder``: token or text space), score, aggregate and write."""
+             plots: bool = True, log: Callable[[str], None] | None = None,
+             progress: Progress | None = None) -> ProbeResult:
+    """Build (through ``builder``: token or text space), score, aggregate and write; the
+    scoring's progress on stderr (``progress``: default a line at most every 10 s)."""
     t0 = time.perf_counter()
     max_length = backend.max_length()
     cells = _build(builder, spec, train_length, max_length)
     items = [it for c in cells for it in c.items]
     t_build = time.perf_counter() - t0
-    scored = score_items(backend, items, batch_size=spec.batch_size, decode=decode,
-                         max_new_tokens=spec.text.max_new_tokens if decode else None)
+    progress = progress or Progress("probes")
+    scored = _score(backend, spec, items, decode, progress)
     rows = _cell_rows(cells, scored)
+    if spec.perplexity.enabled and backend.supports_perplexity:
+        progress(f"{spec.name}: perplexity against evaluation length")
     ppl_rows = _perplexity(backend, spec, builder, train_length)
     all_rows = [{**keys, **r} for r in rows + ppl_rows]
     summary = {

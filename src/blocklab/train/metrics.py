@@ -25,8 +25,6 @@ from typing import Any
 
 import lightning as L
 
-PROBE_PREFIX = "probe/"
-
 
 class DurableMetrics(L.Callback):
     """Writes each optimizer step's row (and the validation loss on validation steps) to the
@@ -40,17 +38,20 @@ class DurableMetrics(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % self.accumulate:
             return  # mid-accumulation: the optimizer step is not done
-        step = trainer.global_step - 1  # index of the optimizer step just taken
+        # A row's step is the number of optimizer steps done, as in the checkpoint names: the
+        # row of step 10 and checkpoint step-000010 describe the same model.
+        step = trainer.global_step
         if step == self._last_step:
             return  # a skipped (non-finite) step: no new optimizer step, no row
         self._last_step = step
-        last = step + 1 >= self.max_steps
-        row = pl_module.finish_step(log=(step + 1) % self.log_every == 0 or last)
-        if (step + 1) % self.val_every == 0:
+        row = pl_module.finish_step(log=step % self.log_every == 0 or step >= self.max_steps)
+        if step % self.val_every == 0:
             row["val/loss"] = pl_module.validation_loss()
             pl_module.log("val/loss", row["val/loss"], logger=False, prog_bar=True, batch_size=1)
         if row:
             write_row(trainer, row, step)
+        # what callbacks after this one (early stopping) read: the row of this very step
+        pl_module.last_row, pl_module.last_row_step = row, step
 
 
 def write_row(trainer: L.Trainer, row: dict[str, float], step: int) -> None:
@@ -61,16 +62,14 @@ def write_row(trainer: L.Trainer, row: dict[str, float], step: int) -> None:
 
 
 def _superseded(row: dict[str, str], resume_step: int) -> bool:
-    """Whether a logged row will be written again by a run resuming at ``resume_step``:
-    step rows from that step on, and probe rows of later checkpoints (the probes of the
-    checkpoint resumed from ran before it was written and are not repeated)."""
+    """Whether a logged row will be written again by a run resuming at ``resume_step`` (the
+    checkpoint after that many optimizer steps): the rows of later steps. The row of the
+    resumed step itself and its probes were written before its checkpoint and stay."""
     try:
         step = int(float(row.get("step") or ""))
     except ValueError:
         return False
-    probe_only = all(k in ("step", "epoch") or k.startswith(PROBE_PREFIX) or not v
-                     for k, v in row.items())
-    return step > resume_step if probe_only else step >= resume_step
+    return step > resume_step
 
 
 def reconcile(run_dir: str | Path, resume_step: int) -> int:

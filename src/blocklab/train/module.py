@@ -1,4 +1,6 @@
-"""The LightningModule: one objective, AdamW groups, a schedule, and checkpoint metadata.
+"""The LightningModule: one objective, the optimizer's parameter groups, a schedule, what a
+logged row holds (loss, learning rate, throughput, gradient norm, peak memory), and checkpoint
+metadata.
 
 Exact resume rests on three things saved here: the number of batches consumed (the data
 module restarts from it), the RNG state (restored at the first training batch, after
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 import sys
 import time
 import warnings
@@ -55,6 +58,12 @@ class LitModel(L.LightningModule):
         self._loss_total = self._loss_count = 0.0
         self._t_last: float | None = None
         self._tokens_since = self._seq_tokens_since = 0
+        self._grad_norms: dict[str, Tensor] = {}  # the last optimizer step's, before clipping
+        self._layers: list[tuple[str, list[Tensor]]] | None = None
+        self.last_row: dict[str, float] = {}  # the row train/metrics.py wrote last, and its step
+        self.last_row_step: int | None = None
+        if cfg.trainer.activation_checkpointing:
+            checkpoint_blocks(self.model)
 
     # ------------------------------------------------------------------------------ steps
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
@@ -95,6 +104,28 @@ class LitModel(L.LightningModule):
             self._skip_or_stop("non-finite gradient")
             for p in self.parameters():  # skipped: AdamW leaves parameters without grads alone
                 p.grad = None
+            return
+        mode = self.cfg.trainer.log_grad_norm
+        if norms and mode != "none":  # kept as tensors: read (synchronized) on log steps only
+            self._grad_norms = {"train/grad_norm": torch.linalg.vector_norm(torch.stack(norms))}
+            if mode == "layer":
+                self._grad_norms.update(self._layer_norms())
+
+    def _layer_norms(self) -> dict[str, Tensor]:
+        """The gradient norm of each block (``decoder.blocks.3``) and of each other top-level
+        part (embeddings, final norm, head)."""
+        if self._layers is None:
+            groups: dict[str, list[Tensor]] = {}
+            for name, p in self.model.named_parameters():
+                match = re.match(r"(.*?\.\d+)\.", name)
+                groups.setdefault(match.group(1) if match else name.rsplit(".", 1)[0], []).append(p)
+            self._layers = list(groups.items())
+        out = {}
+        for name, params in self._layers:
+            norms = [p.grad.norm() for p in params if p.grad is not None]
+            if norms:
+                out[f"train/grad_norm/{name}"] = torch.linalg.vector_norm(torch.stack(norms))
+        return out
 
     def _skip_or_stop(self, what: str) -> None:
         """``trainer.skip_nonfinite`` policy: skip (counted, logged) while under the limit,
@@ -129,6 +160,9 @@ class LitModel(L.LightningModule):
                     if self.peak_flops:
                         row["train/mfu"] = row["train/flops_per_s"] / self.peak_flops
             self._t_last, self._tokens_since, self._seq_tokens_since = now, 0, 0
+            for k, v in self._grad_norms.items():
+                row[k] = float(v.full_tensor() if hasattr(v, "full_tensor") else v)
+            row.update(peak_memory(self.device))
             for k, v in row.items():  # progress bar and run summary (not the loggers)
                 self.log(k, v, logger=False, batch_size=1, prog_bar=k == "train/loss")
         elif self._t_last is None:
@@ -210,6 +244,44 @@ class LitModel(L.LightningModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         # The same world size restores each rank's own generator; otherwise rank 0's.
         self._pending_rng = ranks[rank] if len(ranks) == world else meta.get("rng")
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """The process's high-water marks so far, in MiB: resident memory (CPU), and the CUDA
+    allocator's maximum on a GPU."""
+    out = {}
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
+        out["train/cpu_rss_peak_mb"] = rss / (2**20 if sys.platform == "darwin" else 2**10)
+    except ImportError:  # no resource module (Windows)
+        pass
+    if device.type == "cuda":
+        out["train/cuda_max_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> int:
+    """Activation checkpointing: each transformer block's forward runs under
+    ``torch.utils.checkpoint`` (non-reentrant, RNG state preserved, so dropout draws the same
+    masks when recomputed): its activations are recomputed in backward instead of kept.
+    Losses and gradients are those of the plain model. Returns the number of blocks."""
+    from blocklab.model.blocks import Block
+
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    for block in blocks:
+        block.forward = functools.partial(_checkpointed, block)
+    return len(blocks)
+
+
+def _checkpointed(block: torch.nn.Module, x: Tensor, ctx: Any) -> Tensor:
+    from torch.utils.checkpoint import checkpoint
+
+    forward = type(block).forward
+    if not torch.is_grad_enabled():  # evaluation, probes: nothing to recompute
+        return forward(block, x, ctx)
+    return checkpoint(forward, block, x, ctx, use_reentrant=False)
 
 
 def get_rng_state() -> dict[str, Any]:

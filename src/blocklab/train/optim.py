@@ -1,4 +1,10 @@
-"""AdamW with decoupled weight decay on matrices only, and learning-rate schedules."""
+"""Optimizers by name (``optim.name``: AdamW, SGD with momentum, Lion, Adafactor, or a
+registered one), each given the same two parameter groups — weight decay on the weights of linear
+layers only — and learning-rate schedules.
+
+An optimizer component is ``fn(groups, cfg: OptimConfig) -> torch.optim.Optimizer``: ``groups``
+are :func:`param_groups` (each with its ``weight_decay``), so a user's optimizer keeps blocklab's
+decay rule without re-implementing it (docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -34,8 +40,60 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr,
-                             betas=tuple(cfg.betas), eps=cfg.eps)
+    """The ``optim.name`` optimizer over :func:`param_groups` of ``model``."""
+    from blocklab.registry import lookup
+
+    return lookup("optim", cfg.name)(param_groups(model, cfg.weight_decay), cfg)
+
+
+def adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay; arXiv 1711.05101)."""
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def sgd(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """SGD with (optionally Nesterov) momentum; its weight decay is torch's L2 term."""
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+
+
+def adafactor(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    """torch's Adafactor (factored second moments, no first moment: arXiv 1804.04235)."""
+    return torch.optim.Adafactor(groups, lr=cfg.lr)
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion ("Symbolic Discovery of Optimization Algorithms", arXiv 2302.06675): the update is
+    the sign of an interpolation of momentum and gradient; decoupled weight decay. One moment
+    buffer per parameter (half of AdamW's state). Typical: lr 3-10x below AdamW's, weight decay
+    3-10x above."""
+
+    def __init__(self, params, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                m = state["exp_avg"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                p.add_(torch.sign(m * beta1 + p.grad * (1 - beta1)), alpha=-group["lr"])
+                m.lerp_(p.grad, 1 - beta2)
+        return loss
+
+
+def lion(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
 def cosine(step: int, cfg: ScheduleConfig, max_steps: int) -> float:
@@ -63,4 +121,12 @@ SCHEDULES = {
     "cosine": cosine,
     "linear": linear,
     "constant": constant,
+}
+
+
+OPTIMIZERS = {
+    "adamw": adamw,
+    "sgd": sgd,
+    "lion": lion,
+    "adafactor": adafactor,
 }

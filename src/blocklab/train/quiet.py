@@ -14,8 +14,11 @@ import logging
 import warnings
 from collections.abc import Iterator
 
-#: Lightning's loggers of rank-zero information lines.
-CHATTY = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+#: Lightning's loggers of informational lines: accelerator availability, the litlogger /
+#: litmodels tips, "Trainer.fit stopped", the process-group set-up of each rank.
+CHATTY = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda",
+          "lightning.fabric.utilities.rank_zero", "lightning.fabric.utilities.distributed",
+          "lightning.pytorch.utilities.distributed")
 
 
 @contextlib.contextmanager

@@ -54,10 +54,14 @@ def refuse_fresh_run_over_checkpoints(path: Path) -> None:
                           f"pass resume={path} to continue that run, or use a new directory")
 
 
-def _loggers(tc: TrainConfig, run_dir: Path) -> list:
-    from blocklab.registry import lookup
+def _loggers(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]) -> list:
+    """The run's loggers, each given the resolved config as hyperparameters (rank 0)."""
+    from blocklab.train.loggers import build_loggers, log_config
 
-    return lookup("logger", tc.logger.name)(tc.logger, run_dir)
+    loggers = build_loggers(tc.logger, run_dir)
+    if not ddp_child():
+        log_config(loggers, meta["config"], meta["config_yaml"])
+    return loggers
 
 
 def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
@@ -214,14 +218,12 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
          start_batch: int = 0) -> Path:
     import lightning as L
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from blocklab.data.datamodule import BlocklabData
     from blocklab.model.estimate import estimate
-    from blocklab.train.checkpoint_io import BlocklabCheckpointIO
-    from blocklab.train.metrics import DurableMetrics
+    from blocklab.train.callbacks import stop_reason
+    from blocklab.train.loggers import close_loggers, log_final_checkpoint
     from blocklab.train.module import LitModel
-    from blocklab.train.preemption import Preemption
 
     t = tc.trainer
     if t.threads:
@@ -239,6 +241,47 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
                         batch_size=tc.data.batch_size, val_batches=tc.data.val_batches,
                         accumulate=t.accumulate, num_workers=tc.data.num_workers)
     data.start_batch = start_batch  # batches the resumed checkpoint consumed (0: a new run)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    trainer, preemption = _trainer(tc, run_dir, meta)
+    try:
+        trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
+    except SIGTERMException:
+        how = "interrupted" if preemption.signal_name == "SIGINT" else "preempted"
+        raise Preempted(f"{how} ({preemption.signal_name}) after step {trainer.global_step}: "
+                        f"checkpoint {run_dir / 'checkpoints' / f'step-{trainer.global_step:06d}'}"
+                        f" written; resume exactly with: blocklab-train resume={run_dir}"
+                        ) from None
+    final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
+    if not ckpt.is_valid(final):  # missing, or a corrupt one left by an earlier launch
+        trainer.save_checkpoint(final, weights_only=False)  # full training state
+        if trainer.is_global_zero:
+            log_final_checkpoint(trainer.loggers, final)
+    why = stop_reason(trainer, t.max_steps)
+    if why and trainer.is_global_zero:
+        print(f"{why}; checkpoint {final} written; continue with: blocklab-train "
+              f"resume={run_dir}", file=sys.stderr)
+    probes = None
+    if trainer.is_global_zero or sharded(t):  # a sharded model's forward needs every rank
+        probes = _final_probes(tc, meta, lit, run_dir, trainer.global_step,
+                               write=trainer.is_global_zero, loggers=trainer.loggers)
+    if trainer.is_global_zero:
+        _summary(run_dir, trainer, lit, probes)
+        close_loggers(trainer.loggers)
+    return run_dir
+
+
+def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]):
+    """Lightning's Trainer for the run, and its preemption handler."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from blocklab.train.callbacks import lightning_options, profiler, user_callbacks
+    from blocklab.train.checkpoint_io import BlocklabCheckpointIO
+    from blocklab.train.metrics import DurableMetrics
+    from blocklab.train.preemption import Preemption
+
+    t = tc.trainer
     # Every periodic checkpoint is written (retention is BlocklabCheckpointIO's, over the whole
     # run directory); the same step saved again replaces its checkpoint, never "-v1".
     saver = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step:06d}",
@@ -254,37 +297,21 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
         gradient_clip_val=tc.optim.grad_clip or None,
         limit_val_batches=0,  # validation runs in DurableMetrics, before the step's checkpoint
         log_every_n_steps=t.log_every_steps,
-        # DurableMetrics first: a step's row is on disk before any checkpoint of that step.
+        # DurableMetrics first: a step's row is on disk before any checkpoint of that step;
+        # early stopping and max_time (after it) read that row.
         callbacks=[DurableMetrics(log_every=t.log_every_steps, val_every=t.val_every_steps,
                                   accumulate=t.accumulate, max_steps=t.max_steps),
+                   *user_callbacks(tc.callbacks), *lightning_options(t, run_dir),
                    preemption, saver, *_probe_callbacks(tc, meta, run_dir),
                    *_progress(t.progress_bar)],
-        logger=_loggers(tc, run_dir),
+        logger=_loggers(tc, run_dir, meta),
         enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
         plugins=[BlocklabCheckpointIO(keep=t.keep_checkpoints)], default_root_dir=run_dir,
         deterministic=t.deterministic, enable_model_summary=False,
+        profiler=profiler(t.profiler, run_dir), detect_anomaly=t.detect_anomaly,
         use_distributed_sampler=False,  # ResumableBatches shards by rank itself
     )
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    try:
-        trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
-    except SIGTERMException:
-        how = "interrupted" if preemption.signal_name == "SIGINT" else "preempted"
-        raise Preempted(f"{how} ({preemption.signal_name}) after step {trainer.global_step}: "
-                        f"checkpoint "
-                        f"{run_dir / 'checkpoints' / f'step-{trainer.global_step:06d}'} written; "
-                        f"resume exactly with: blocklab-train resume={run_dir}") from None
-    final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
-    if not ckpt.is_valid(final):  # missing, or a corrupt one left by an earlier launch
-        trainer.save_checkpoint(final, weights_only=False)  # full training state
-    probes = None
-    if trainer.is_global_zero or sharded(t):  # a sharded model's forward needs every rank
-        probes = _final_probes(tc, meta, lit, run_dir, trainer.global_step,
-                               write=trainer.is_global_zero)
-    if trainer.is_global_zero:
-        _summary(run_dir, trainer, lit, probes)
-    return run_dir
+    return trainer, preemption
 
 
 def sharded(t) -> bool:
@@ -324,7 +351,7 @@ def _probe_callbacks(tc: TrainConfig, meta: dict[str, Any], run_dir: Path) -> li
 
 
 def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step: int, *,
-                  write: bool = True):
+                  write: bool = True, loggers: list | None = None):
     """The full probe grid on the final model (the same code as ``blocklab-eval``), with every
     core: the batches are large, unlike the tiny training steps. Under a sharded strategy every
     rank runs it (each forward gathers the parameters from all ranks); only rank 0 ``write``s."""
@@ -338,8 +365,8 @@ def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, ste
     torch.set_num_threads(max(threads, min(os.cpu_count() or 1, 8)))
     name = f"step-{step:06d}"
     try:
-        return probe_model(lit.model, tc, meta, tc.probes, step=step, checkpoint=name,
-                           out_dir=probe_dir(run_dir, name, tc.probes) if write else None)
+        result = probe_model(lit.model, tc, meta, tc.probes, step=step, checkpoint=name,
+                             out_dir=probe_dir(run_dir, name, tc.probes) if write else None)
     except Exception as e:  # the trained model and its checkpoint are already safe
         if write:
             print(f"warning: final probes failed ({type(e).__name__}: {e}); rerun them with "
@@ -347,6 +374,11 @@ def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, ste
         return None
     finally:
         torch.set_num_threads(threads)
+    if write and loggers and result is not None:
+        from blocklab.eval.callback import log_probe_result
+
+        log_probe_result(loggers, result, step)
+    return result
 
 
 #: Dense bf16/fp16 tensor-core peak FLOP/s by GPU name (datasheets, no sparsity): the MFU
@@ -404,14 +436,9 @@ def measure_peak_flops(n: int = 1024, reps: int = 3) -> float:
 
 
 def _progress(enabled: bool) -> list:
-    if not enabled:
-        return []
-    try:
-        from lightning.pytorch.callbacks import RichProgressBar
+    from blocklab.train.callbacks import progress_bar
 
-        return [RichProgressBar(leave=True)]
-    except (ImportError, ModuleNotFoundError):
-        return []
+    return progress_bar(enabled)
 
 
 def _summary(run_dir: Path, trainer, lit, probes) -> None:
