@@ -14,7 +14,7 @@ of docs/python-api.md runs too, in the page's directory, blocks sharing one name
 
 A command runs in this process when it is a blocklab tool (``tests/inprocess.py``: no ~5 s
 interpreter start-up per command); with shell syntax (pipes, redirection, ``$(...)``, ``&&``)
-or ``PYTHONPATH`` in its environment it runs under bash, as typed. It must exit 0, or the code
+or ``PYTHONPATH`` / ``BLOCKLAB_FAULT`` in its environment it runs under bash, as typed. It must exit 0, or the code
 its trailing comment names as ``(exit N)``."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,7 +138,7 @@ def run_command(line: str, expect: int, cwd: Path, in_process: Runner) -> str:
         key, _, value = words.pop(0).partition("=")
         env[key] = value
     tool = words[0].removeprefix(".venv/bin/") if words else ""
-    if _SHELL.search(line.split(" #")[0]) or "PYTHONPATH" in env or not tool.startswith(
+    if _SHELL.search(line.split(" #")[0]) or {"PYTHONPATH", "BLOCKLAB_FAULT"} & env.keys() or not tool.startswith(
             "blocklab-"):
         path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
         done = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True,
@@ -164,7 +165,8 @@ def run_python(block: Block, namespace: dict, cwd: Path) -> None:
 
 def run_page(page: Path, cwd: Path, in_process: Runner, text: str | None = None,
              log: Callable[[str], None] = print) -> int:
-    """Every runnable block of ``page`` in order in ``cwd``; returns how many commands ran."""
+    """Every runnable block of ``page`` in order in ``cwd``; returns how many commands ran
+    (each logged with its wall time, for keeping the docs' recipes cheap)."""
     prepare_dir(cwd)
     namespace: dict = {"__name__": "__docs__"}
     ran = 0
@@ -173,12 +175,14 @@ def run_page(page: Path, cwd: Path, in_process: Runner, text: str | None = None,
             continue
         if b.lang == "bash":
             for line, expect in b.commands:
-                log(f"{page.name}:{b.line}: {line}")
+                start = time.perf_counter()
                 run_command(line, expect, cwd, in_process)
+                log(f"{page.name}:{b.line}: {time.perf_counter() - start:5.1f} s  {line}")
                 ran += 1
         elif b.lang == "python" and page.name == "python-api.md":
-            log(f"{page.name}:{b.line}: python block")
+            start = time.perf_counter()
             run_python(b, namespace, cwd)
+            log(f"{page.name}:{b.line}: {time.perf_counter() - start:5.1f} s  python block")
             ran += 1
     return ran
 
