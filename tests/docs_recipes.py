@@ -13,9 +13,10 @@ every skipped command carries its reason. Command output is fenced ```text. A ``
 of docs/python-api.md runs too, in the page's directory, blocks sharing one namespace.
 
 A command runs in this process when it is a blocklab tool (``tests/inprocess.py``: no ~5 s
-interpreter start-up per command); with shell syntax (pipes, redirection, ``$(...)``, ``&&``)
-or ``PYTHONPATH`` / ``BLOCKLAB_FAULT`` in its environment it runs under bash, as typed. It must exit 0, or the code
-its trailing comment names as ``(exit N)``."""
+interpreter start-up per command); with shell syntax (pipes, redirection, ``$(...)``, ``&&``),
+``PYTHONPATH`` / ``BLOCKLAB_FAULT`` in its environment (a module path, a signal), or an override
+that starts processes (``trainer=ddp``, ``hydra/launcher=...``), it runs under bash as typed. It must exit 0, or the code its trailing comment names
+as ``(exit N)``."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ _NORUN = re.compile(r"^<!--\s*norun:(.*?)-->\s*$")
 _EXPECT = re.compile(r"#.*\(exit (\d+)\)")
 _SHELL = re.compile(r"[|<>;`]|\$\(|&&")
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# overrides that start processes of their own (DDP ranks, launcher workers): not in this one
+_OWN_PROCESS = re.compile(r"^(trainer=(ddp|model_parallel|fsdp)|hydra/launcher=)")
 
 
 class RecipeFailed(AssertionError):
@@ -138,7 +141,9 @@ def run_command(line: str, expect: int, cwd: Path, in_process: Runner) -> str:
         key, _, value = words.pop(0).partition("=")
         env[key] = value
     tool = words[0].removeprefix(".venv/bin/") if words else ""
-    if _SHELL.search(line.split(" #")[0]) or {"PYTHONPATH", "BLOCKLAB_FAULT"} & env.keys() or not tool.startswith(
+    shell = bool(_SHELL.search(line.split(" #")[0]))
+    own = any(_OWN_PROCESS.match(w) for w in words)
+    if shell or own or {"PYTHONPATH", "BLOCKLAB_FAULT"} & env.keys() or not tool.startswith(
             "blocklab-"):
         path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
         done = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True,

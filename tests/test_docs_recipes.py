@@ -68,7 +68,7 @@ BROKEN = """# a page
 
 def test_a_recipe_with_a_made_up_key_fails(tmp_path, capfd) -> None:
     page = tmp_path / "broken.md"
-    with pytest.raises(RecipeFailed, match="model.n_layer"):
+    with pytest.raises(RecipeFailed, match=r"model\.n_layer"):
         run_page(page, tmp_path / "page", _runner(capfd), text=BROKEN, log=lambda line: None)
 
 
