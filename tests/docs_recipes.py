@@ -15,8 +15,8 @@ of docs/python-api.md runs too, in the page's directory, blocks sharing one name
 A command runs in this process when it is a blocklab tool (``tests/inprocess.py``: no ~5 s
 interpreter start-up per command); with shell syntax (pipes, redirection, ``$(...)``, ``&&``),
 ``PYTHONPATH`` / ``BLOCKLAB_FAULT`` in its environment (a module path, a signal), or an override
-that starts processes (``trainer=ddp``, ``hydra/launcher=...``), it runs under bash as typed. It must exit 0, or the code its trailing comment names
-as ``(exit N)``."""
+that starts processes (``trainer=ddp``, ``hydra/launcher=...``), it runs under bash as typed.
+It must exit 0, or the code its trailing comment names as ``(exit N)``."""
 
 from __future__ import annotations
 
