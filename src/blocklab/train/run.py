@@ -24,6 +24,7 @@ from blocklab.eval.rundata import listing, record, sources_changed
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 from blocklab.runlock import run_lock, writable_dir
 from blocklab.train.metrics import reconcile
+from blocklab.train.result import RunDir
 from blocklab.train.resume import check_resume, open_target, resumed_config
 
 
@@ -64,8 +65,9 @@ def _loggers(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]) -> list:
     return loggers
 
 
-def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
-    """Run a training job from a composed ``train`` config; return the run directory. A resume
+def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
+    """Run a training job from a composed ``train`` config; return the run directory (a
+    ``Path`` that also reads the run's summary and finds its checkpoint). A resume
     trains with the run's own stored config, the command line's changes on top
     (train/resume.py)."""
     with contextlib.ExitStack() as owner:
@@ -93,7 +95,7 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> Path:
             writable_dir(run_dir, "run directory")  # the first write, once all above is valid
             owner.enter_context(run_lock(run_dir, "train"))
             refuse_fresh_run_over_checkpoints(run_dir)
-        return _launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init)
+        return RunDir(_launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init))
 
 
 #: model.vocab_size this far above the tokenizer's size is said (a factor, and at least so many
