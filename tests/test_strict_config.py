@@ -202,6 +202,16 @@ def test_a_run_prints_no_lightning_advertisement_or_accelerator_lines(tmp_path, 
     seen = r.stdout + r.stderr
     assert not [n for n in NOISE if n in seen], seen
     assert "sweeper" not in seen, "a single run is no sweep"
+    import warnings
+
+    (run,) = (tmp_path / "a").glob("*/*/config.yaml")
+    with warnings.catch_warnings(record=True) as caught:  # what pytest would otherwise swallow
+        warnings.simplefilter("always")
+        r = run_cli(capfd, "blocklab-train", f"resume={run.parent}", "trainer.max_steps=4",
+                    cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = [str(w.message) for w in caught if "lightning" in w.filename]
+    assert not [m for m in said if "exists and is not empty" in m], said  # a resume's own dir
     r = run_cli(capfd, "blocklab-train", *TINY, f"out_root={tmp_path / 'b'}",
                 "trainer.quiet=false", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -33,6 +33,10 @@ def lightning_quiet(quiet: bool = True) -> Iterator[None]:
         with warnings.catch_warnings():
             if quiet:
                 warnings.filterwarnings("ignore", message=r"(GPU|TPU) available but not used")
+                # a resume writes into its run's checkpoints/ on purpose (retention and
+                # replacement are BlocklabCheckpointIO's)
+                warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and "
+                                                          r"is not empty")
             yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
