@@ -35,7 +35,7 @@ def _options(group: str) -> set[str]:
     return {p.stem for p in (CONFIGS / "model" / group).glob("*.yaml")}
 
 
-@pytest.mark.parametrize("group", AXES)
+@pytest.mark.parametrize("group", (*AXES, "mixer"))  # mixers: every preset × mixer in test_mixers
 def test_config_files_and_builtin_registry_keys_are_the_same_set(group):
     assert _options(group) == set(registry.builtin_names(group))
     assert registry.AXES[group].group == f"model/{group}"
