@@ -7,7 +7,9 @@ asked, and the sweeper warning only under a sweep. Commands run in process (test
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 
 import pytest
 
@@ -197,12 +199,40 @@ TINY = ["experiment=smoke", "trainer.max_steps=2", "trainer.val_every_steps=2",
         "data.val_batches=1", "model.n_layers=1"]
 
 
+class _Records(logging.Handler):
+    """Lightning's log records, wherever its own handler writes: in one pytest worker that
+    handler is bound to whichever stream was ``sys.stderr`` when lightning was first imported
+    (a captured stream of an earlier test, maybe), so the records are read here, not the
+    output."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _lightning_records():
+    handler = _Records()
+    loggers = [logging.getLogger(n) for n in ("lightning.pytorch", "lightning.fabric")]
+    for lg in loggers:  # they do not propagate further up
+        lg.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        for lg in loggers:
+            lg.removeHandler(handler)
+
+
 @pytest.mark.slow
 def test_a_run_prints_no_lightning_advertisement_or_accelerator_lines(tmp_path, capfd):
-    r = run_cli(capfd, "blocklab-train", *TINY, f"out_root={tmp_path / 'a'}",
-                "objective=val/no_such_metric", cwd=tmp_path)
+    with _lightning_records() as said:
+        r = run_cli(capfd, "blocklab-train", *TINY, f"out_root={tmp_path / 'a'}",
+                    "objective=val/no_such_metric", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    seen = r.stdout + r.stderr
+    seen = r.stdout + r.stderr + "\n".join(said)
     assert not [n for n in NOISE if n in seen], seen
     assert "sweeper" not in seen, "a single run is no sweep"
     import warnings
@@ -215,10 +245,11 @@ def test_a_run_prints_no_lightning_advertisement_or_accelerator_lines(tmp_path, 
     assert r.returncode == 0, r.stderr[-3000:]
     said = [str(w.message) for w in caught if "lightning" in w.filename]
     assert not [m for m in said if "exists and is not empty" in m], said  # a resume's own dir
-    r = run_cli(capfd, "blocklab-train", *TINY, f"out_root={tmp_path / 'b'}",
-                "trainer.quiet=false", cwd=tmp_path)
+    with _lightning_records() as said:
+        r = run_cli(capfd, "blocklab-train", *TINY, f"out_root={tmp_path / 'b'}",
+                    "trainer.quiet=false", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "GPU available" in r.stdout + r.stderr
+    assert "GPU available" in r.stdout + r.stderr + "\n".join(said)
 
 
 def test_the_sweeper_warning_only_under_a_sweep(tmp_path, capfd, monkeypatch):

@@ -76,7 +76,7 @@ def test_more_steps_continue_the_smoke_run_exactly(smoke, straight, tmp_path, ca
         "resume: trainer.keep_checkpoints changed 3 -> 5 (allowed)",
         "resume: trainer.max_steps changed 20 -> 30 (allowed)"]
     got = losses(run)
-    assert sorted(got) == list(range(30)) and got == straight  # the logged steps continue too
+    assert sorted(got) == list(range(1, 31)) and got == straight  # steps done, continued
     config = resumed_config(run, 20)
     assert config["data"]["batch_size"] == 8 and config["data"]["curriculum"] == []
     assert config["model"]["dropout"] == 0.1 and config["trainer"]["max_steps"] == 30
@@ -100,7 +100,7 @@ def test_the_issues_command_line_continues_a_plain_smoke_run(tmp_path, capfd):
     assert notes(r.stderr) == ["resume: trainer.max_steps changed 4 -> 6 (allowed)"]
     config = resumed_config(run, 4)
     assert config["data"]["batch_size"] == 8 and config["data"]["curriculum"] == []
-    assert config["experiment_name"] == "smoke" and sorted(losses(run)) == list(range(6))
+    assert config["experiment_name"] == "smoke" and sorted(losses(run)) == list(range(1, 7))
 
 
 @pytest.mark.parametrize("target", ["run", "checkpoint"])
