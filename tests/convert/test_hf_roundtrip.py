@@ -98,10 +98,10 @@ CASES = {
 }
 
 
-def _save(tmp_path, case):
-    torch.manual_seed(0)
-    hf, specials = CASES[case]()
-    with torch.no_grad():  # non-trivial norms and biases, so a misplaced one shows
+def save_random(tmp_path, hf, specials):
+    """``hf`` with non-trivial norms and biases (so a misplaced one shows), saved with a
+    tokenizer under ``tmp_path / "hf"``."""
+    with torch.no_grad():
         for p in hf.parameters():
             if p.dim() == 1:
                 p.add_(torch.randn_like(p) * 0.1)
@@ -110,6 +110,11 @@ def _save(tmp_path, case):
     hf.save_pretrained(src)
     _tokenizer(src, specials)
     return hf, src
+
+
+def _save(tmp_path, case):
+    torch.manual_seed(0)
+    return save_random(tmp_path, *CASES[case]())
 
 
 def _inputs(hf):

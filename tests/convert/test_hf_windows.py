@@ -22,7 +22,7 @@ from blocklab.convert.windows import pattern_in  # noqa: E402
 from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.model import masks  # noqa: E402
 from blocklab.model.generate import generate  # noqa: E402
-from convert.test_hf_roundtrip import _tokenizer  # noqa: E402
+from convert.test_hf_roundtrip import save_random  # noqa: E402
 
 TOL = 1e-5
 VOCAB = 96
@@ -70,16 +70,7 @@ CASES = {  # name -> (HF model, the windows blocklab must give its layers)
 
 def _save(tmp_path, case):
     torch.manual_seed(0)
-    hf = CASES[case][0]()
-    with torch.no_grad():  # non-trivial norms and biases, so a misplaced one shows
-        for p in hf.parameters():
-            if p.dim() == 1:
-                p.add_(torch.randn_like(p) * 0.1)
-    hf.eval()
-    src = tmp_path / "hf"
-    hf.save_pretrained(src)
-    _tokenizer(src, {"pad": "<pad>", "bos": "<s>", "eos": "</s>"})
-    return hf, src
+    return save_random(tmp_path, CASES[case][0](), {"pad": "<pad>", "bos": "<s>", "eos": "</s>"})
 
 
 def _ids(batch=2, length=T):

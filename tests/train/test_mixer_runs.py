@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from inprocess import run_cli
+from train.test_train_cli import losses
 
 MIXERS = {  # label -> overrides (recurrent stacks take no rotary positions)
     "linear": ["model/mixer=linear", "model/position=none", "model.mixer.chunk=8"],
@@ -30,17 +30,6 @@ def _args(label: str) -> list[str]:
     return [a.strip("'") for a in MIXERS[label]]
 
 
-def _losses(run: Path) -> dict[int, str]:
-    import csv
-
-    out = {}
-    for f in sorted((run / "logs").glob("version_*/metrics.csv")):
-        for row in csv.DictReader(f.open()):
-            if row.get("train/loss"):
-                out[int(row["step"])] = row["train/loss"]
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("label", list(MIXERS))
 def test_a_mixer_trains_probes_resumes_exactly_and_evaluates_on_its_own(label, tmp_path, capfd):
@@ -49,7 +38,7 @@ def test_a_mixer_trains_probes_resumes_exactly_and_evaluates_on_its_own(label, t
     assert r.returncode == 0, r.stderr[-3000:]
     cells = list((run / "probes").glob("step-*/*/cells.csv"))
     assert cells, "checkpoint probes ran through the mixer's decode state"
-    straight = _losses(run)
+    straight = losses(run)
     assert len(straight) == 8
     # exact resume from the middle: drop the newer checkpoint as if killed after step 4
     cut = tmp_path / "cut"
@@ -58,7 +47,7 @@ def test_a_mixer_trains_probes_resumes_exactly_and_evaluates_on_its_own(label, t
     shutil.rmtree(cut / "logs")
     r = run_cli(capfd, "blocklab-train", *FAST, *_args(label), f"resume={cut}")
     assert r.returncode == 0, r.stderr[-3000:]
-    resumed = _losses(cut)
+    resumed = losses(cut)
     # a row's step is the steps done (the checkpoints' numbers): steps 5.. ran after the resume
     assert {s: v for s, v in resumed.items() if s > 4} == \
         {s: v for s, v in straight.items() if s > 4}
