@@ -52,7 +52,8 @@ def test_the_recipes_of_a_page_run(page, tmp_path, capfd) -> None:
     path = ROOT / page if page == "README.md" else ROOT / "docs" / page
     start = time.perf_counter()
     timings: list[str] = []
-    ran = run_page(path, tmp_path / "page", _runner(capfd), log=timings.append)
+    ran = run_page(path, tmp_path / "page", _runner(capfd), log=timings.append)  # raises on a miss
+    assert ran == len(timings)  # every recipe ran and was timed (a page may have none)
     with capfd.disabled():  # shown with -s: what each recipe costs
         print("\n".join(timings), f"\n{page}: {ran} recipe(s) in "
               f"{time.perf_counter() - start:.1f} s")

@@ -299,4 +299,5 @@ def test_a_mixer_without_short_taps_is_refused_in_one_line():
 
 
 def test_the_bidirectional_form_builds_in_an_encoder():
-    validate_model(_cfg(2, True, family="encoder"))
+    cfg = _cfg(2, True, family="encoder")
+    assert validate_model(cfg) is cfg  # not refused: gated_conv has a two-sided form

@@ -226,8 +226,9 @@ def test_option_rules_are_one_line_errors_naming_the_key(option, value, rule):
 
 
 def test_feature_dim_is_free_with_the_elu_map():
-    validate_model(tiny("decoder", PositionConfig(name="none"), mixer=MixerConfig(
-        name="linear", feature_map="elu", feature_dim=0)))
+    cfg = tiny("decoder", PositionConfig(name="none"), mixer=MixerConfig(
+        name="linear", feature_map="elu", feature_dim=0))
+    assert validate_model(cfg) is cfg  # not refused: elu ignores feature_dim
 
 
 # ---------------------------------------------------------------------- negative controls
