@@ -466,7 +466,7 @@ def test_import_and_export_report_each_stage_on_stderr(tmp_path, capfd):
 def test_progress_is_periodic_on_a_log_and_a_bar_on_a_terminal():
     """Plain lines at most every ``every`` seconds (a fake clock: no timing), first and last
     always; a terminal gets a tqdm bar instead."""
-    from blocklab.convert.progress import Progress
+    from blocklab.progress import Progress
 
     now = [0.0]
     log = io.StringIO()

@@ -17,12 +17,12 @@ from blocklab import checkpoint as ckpt
 from blocklab.config import ModelConfig, TrainConfig, model_config, model_to_dict
 from blocklab.convert.fields import Fields
 from blocklab.convert.gguf_file import read_gguf
-from blocklab.convert.progress import Progress, quiet
 from blocklab.convert.sources import Source, confined, read_hf_dir, resolve_source
 from blocklab.convert.table import arch_for_model_type
 from blocklab.convert.weights import Weights
 from blocklab.errors import ConfigError
 from blocklab.files import check_destination, write_dir_atomic, write_file
+from blocklab.progress import Progress, quiet
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 
 CONVERTER_VERSION = 1

@@ -14,11 +14,11 @@ from blocklab.config import ModelConfig, model_config, model_to_dict
 from blocklab.convert.api import CONVERTER_VERSION, nbytes
 from blocklab.convert.archs import Arch
 from blocklab.convert.fields import Fields
-from blocklab.convert.progress import Progress
 from blocklab.convert.table import ARCHITECTURES
 from blocklab.errors import ConfigError
 from blocklab.files import check_destination, write_dir_atomic, write_file
 from blocklab.model.masks import layer_window
+from blocklab.progress import Progress
 from blocklab.provenance import versions
 
 

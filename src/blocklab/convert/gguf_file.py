@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from blocklab.convert.progress import Progress
 from blocklab.convert.sources import Source, confined
 from blocklab.errors import ConfigError
 from blocklab.files import sha256_file
+from blocklab.progress import Progress
 
 # GGUF metadata (llama.*) -> HF Llama config keys.
 _GGUF_KEYS = {

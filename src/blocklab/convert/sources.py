@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from blocklab.convert.progress import Progress
 from blocklab.errors import ConfigError
 from blocklab.files import sha256_file
+from blocklab.progress import Progress
 
 INDEX = "model.safetensors.index.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
