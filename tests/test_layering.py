@@ -87,14 +87,25 @@ def test_eval_never_imports_train():
 
 
 def test_the_lowest_floor_and_the_compare_tool_import_no_torch():
+    """``--help`` and ``--cfg job`` stay fast: importing the config floor (its validators ask
+    components for their rules, config/validate_model.py) looks no component up — no package
+    above the config floor is imported and no plugin is loaded — and imports no torch."""
     code = ("import sys, blocklab.config, blocklab.provenance, blocklab.registry, "
             "blocklab.plotting, blocklab.compare; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'lightning', 'matplotlib')))")
+            "('torch', 'lightning', 'matplotlib'))); "
+            "print(sorted(m for m in sys.modules if m.startswith('blocklab.') and "
+            f"m.split('.')[1] in {ABOVE_CONFIG!r})); "
+            "print(blocklab.registry._plugins_loaded)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]"
+    assert r.stdout.split("\n")[:3] == ["[]", "[]", "False"], r.stdout
+
+
+# the units above the config floor a config import must not reach (compare is torch-free and
+# imported on purpose above)
+ABOVE_CONFIG = tuple(sorted(u for u, floor in FLOORS.items() if floor > 2 and u != "compare"))
 
 
 def test_the_wheel_lists_every_package():

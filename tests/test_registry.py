@@ -48,10 +48,10 @@ class PreNorm2(PreNorm):
     pass
 
 
-def _model(**names: str):
-    overrides = [f"model.{axis}.name={name}" for axis, name in names.items()]
+def _model(*overrides: str, **names: str):
+    chosen = [f"model.{axis}.name={name}" for axis, name in names.items()]
     return model_config(compose("estimate", ["model=gpt2_tiny", "model.n_layers=1",
-                                             "model.d_model=32", *overrides]).model)
+                                             "model.d_model=32", *chosen, *overrides]).model)
 
 
 def test_every_model_axis_takes_a_registered_component_by_name(scratch):
@@ -168,3 +168,57 @@ def test_the_example_components_are_in_the_model_test_grid():
         assert name in ids, name
     assert Path(registry.registered()[("ffn", "squared_relu")].replace(".", "/")).name == \
         "blocklab_example"
+
+
+def _train(*overrides: str):
+    """A composed training config (every rule of validate_train applies to it)."""
+    from blocklab.train.run import to_train_config
+
+    return to_train_config(compose("train", ["experiment=smoke", *overrides]))
+
+
+def test_a_registered_component_brings_its_own_rules(scratch):
+    """Validation asks the component (config/validate_model.py): a user position scheme's
+    ``check`` refuses a value in one line naming the key, and the ``options`` it declares make
+    another scheme's options refused in a training config, as for a built-in."""
+    from blocklab.config import validate_train
+    from blocklab.config.checks import require
+
+    class Bounded(NoPosition):
+        options = ("max_distance",)  # it reads this field, and no other
+
+        @classmethod
+        def check(cls, m, key):
+            d = m.position.max_distance
+            require(d <= 128, f"{key}.position.max_distance", d, "bounded sees at most 128 tokens",
+                    "lower it")
+
+    scratch("position", "bounded", Bounded)
+    with pytest.raises(ConfigError) as err:
+        validate_train(_train("model.position.name=bounded", "model.position.max_distance=200"))
+    assert str(err.value) == ("config error: model.position.max_distance=200: bounded sees at "
+                              "most 128 tokens; lower it")
+    with pytest.raises(ConfigError) as err:
+        validate_train(_train("model.position.name=bounded", "model.position.base=500.0"))
+    assert str(err.value) == ("config error: model.position.base=500.0: a rope option: "
+                              "model.position.name='bounded' ignores it; leave it at 10000.0 "
+                              "or use model/position=rope")
+    tc = _train("model.position.name=bounded", "model.position.max_distance=100")
+    assert validate_train(tc) is tc
+
+
+def test_a_builtin_under_another_name_keeps_its_rules(scratch):
+    """The rules belong to the component, not to its name: rope registered again as 'rope2'
+    still needs an even head dimension (tested by name, 'rope2' escaped the rule and failed
+    only when the model was built), and T5's buckets their bound."""
+    from blocklab.model.position import RoPE, T5Bias
+
+    scratch("position", "rope2", type("RoPE2", (RoPE,), {}))
+    scratch("position", "t5_bias2", type("T5Bias2", (T5Bias,), {}))
+    with pytest.raises(ConfigError) as err:
+        _model("model.d_head=7", position="rope2")
+    assert str(err.value) == "config error: model.d_head=7: rope needs an even head dimension"
+    with pytest.raises(ConfigError) as err:
+        _model("model.position.num_buckets=2", position="t5_bias2")
+    assert str(err.value).startswith("config error: model.position.num_buckets=2: t5_bias needs")
+

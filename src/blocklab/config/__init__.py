@@ -9,8 +9,10 @@ specs), :func:`validate_eval` (``blocklab-eval``), :func:`validate_model` (a mod
 and :func:`validate_probe_spec`. Every error is a :class:`ConfigError` whose one-line message
 names the dotted key, the value and the rule: ``config error: <key>=<value!r>: <rule>[; <hint>]``.
 
-This package must stay import-light (no torch): ``--cfg job`` and ``--help`` use it. Its
-parts: ``schema`` (the dataclasses), ``validate`` and ``probes`` (the rules),
+This package must stay import-light (no torch, no component looked up at import): ``--cfg
+job`` and ``--help`` use it. Its parts: ``schema`` (the dataclasses; the model's in
+``model_schema``), ``validate`` (the rules per command), ``validate_model`` (a model's: each
+component's own rules are asked of it through the registry), ``validate_data`` and ``probes``,
 ``checks`` (their one-line errors), ``compose`` (Hydra composition, user config directories,
 plain model configs from checkpoints), ``strict`` (only keys the schema declares),
 ``hydra_errors`` (Hydra's composition errors in one line) and ``usage`` (what ``--help``

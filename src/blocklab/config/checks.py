@@ -29,8 +29,13 @@ def require(ok: bool, key: str, value: Any, rule: str, hint: str = "") -> None:
     _check(ok, key, value, rule, hint)
 
 
-def _finite(x: Any) -> bool:
+def finite(x: Any) -> bool:
+    """A real number (an int or float, not a bool) that is finite: the test behind every
+    "must be a finite number" rule, here and in the components' own rules."""
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+_finite = finite
 
 
 def _name(x: Any) -> Any:

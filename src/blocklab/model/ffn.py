@@ -3,7 +3,8 @@ gated variants, so a gated FFN has 3·d_model·d_ff weights against 2·d_model·
 
 An FFN component is built as ``FFN(cfg: FFNConfig, d_model, d_ff)`` and maps (B, T, d) to
 (B, T, d); ``param_count(cfg, d_model, d_ff)`` gives its size in closed form (the estimator
-asks it; see docs/extending.md).
+asks it; see docs/extending.md), and ``uses_gelu_form()`` whether ``ffn.approximate`` applies
+(the validator asks it).
 """
 
 from __future__ import annotations
@@ -30,13 +31,19 @@ class MLP(nn.Module):
 
     def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()
-        if type(self).act is F.gelu:
+        if self.uses_gelu_form():
             self.act = gelu(cfg.approximate)
         self.up = nn.Linear(d_model, d_ff, bias=cfg.bias)
         self.down = nn.Linear(d_ff, d_model, bias=cfg.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.act(self.up(x)))
+
+    @classmethod
+    def uses_gelu_form(cls) -> bool:
+        """Whether ``ffn.approximate`` applies (the activation is a GELU): the validator asks
+        it, and refuses a GELU form the FFN would silently ignore."""
+        return cls.act is F.gelu
 
     @staticmethod
     def param_count(cfg: FFNConfig, d_model: int, d_ff: int) -> int:
@@ -60,7 +67,7 @@ class GatedMLP(nn.Module):
 
     def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()
-        if type(self).act is F.gelu:
+        if self.uses_gelu_form():
             self.act = gelu(cfg.approximate)
         self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=cfg.bias)
         self.down = nn.Linear(d_ff, d_model, bias=cfg.bias)
@@ -68,6 +75,12 @@ class GatedMLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(self.act(gate) * up)
+
+    @classmethod
+    def uses_gelu_form(cls) -> bool:
+        """Whether ``ffn.approximate`` applies (the activation is a GELU): the validator asks
+        it, and refuses a GELU form the FFN would silently ignore."""
+        return cls.act is F.gelu
 
     @staticmethod
     def param_count(cfg: FFNConfig, d_model: int, d_ff: int) -> int:

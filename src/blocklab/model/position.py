@@ -9,7 +9,10 @@ never asks which scheme it runs:
 
 A position component is built as ``Scheme(cfg: PositionConfig, *, d_model, d_head, n_heads,
 max_seq_len, causal)`` (one per stack) and says its size in closed form with
-``param_count(cfg, *, d_model, d_head, n_heads, max_seq_len)``.
+``param_count(cfg, *, d_model, d_head, n_heads, max_seq_len)``. It states its own config rules
+too, so the validator (config/validate_model.py) asks the scheme instead of testing its name:
+``check(m, key)``, ``check_options(cfg, key)``, ``options`` (the fields it reads),
+``positions_limit`` and whether it has a score bias or rotary angles.
 
 Positions are always explicit ``(B, T)`` integer tensors: KV-cache decoding continues from the
 prompt's last position, left-padded rows start at 0 at their first real token, and packed rows
@@ -24,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.config import PositionConfig, RopeScaling
+from blocklab.config import ModelConfig, PositionConfig, RopeScaling
+from blocklab.config.checks import finite, require
 
 
 class Position(nn.Module):
@@ -32,12 +36,37 @@ class Position(nn.Module):
 
     #: Largest number of positions the scheme can index; ``None`` = unbounded.
     max_positions: int | None = None
+    #: The ``PositionConfig`` fields the scheme reads. Declared (a tuple), the fields another
+    #: scheme declares are refused away from their defaults in a training config (this scheme
+    #: would silently ignore them); ``None`` = not declared, no option is refused.
+    options: tuple[str, ...] | None = None
 
     @classmethod
     def positions_limit(cls, cfg: PositionConfig, *, max_seq_len: int) -> int | None:
         """``max_positions`` of the scheme a config builds, without building it (config
         validation asks it before training)."""
         return None
+
+    @classmethod
+    def check(cls, m: ModelConfig, key: str) -> None:
+        """The scheme's rules on model config ``m`` (``key``: its dotted prefix, ``model``):
+        raise a one-line ConfigError (``blocklab.config.checks.require``). Part of
+        ``validate_model``."""
+
+    @classmethod
+    def check_options(cls, cfg: PositionConfig, key: str) -> None:
+        """Rules on options a training config must meet (``key``: ``model.position``); not
+        part of ``validate_model``, so a model built directly may carry them."""
+
+    @classmethod
+    def has_score_bias(cls) -> bool:
+        """Whether the scheme adds a score bias (score-based mixers apply it)."""
+        return cls.score_bias is not Position.score_bias
+
+    @classmethod
+    def has_rotary(cls) -> bool:
+        """Whether the scheme gives rotary angles (mixers that rotate q and k apply them)."""
+        return cls.rotary is not Position.rotary
 
     def __init__(self, cfg: PositionConfig, *, d_model: int, d_head: int, n_heads: int,
                  max_seq_len: int, causal: bool) -> None:
@@ -58,6 +87,8 @@ class NoPosition(Position):
     "The Impact of Positional Encoding on Length Generalization in Transformers",
     arXiv 2305.19466."""
 
+    options = ()
+
     @staticmethod
     def param_count(cfg: PositionConfig, **dims: int) -> int:
         return 0
@@ -66,6 +97,8 @@ class NoPosition(Position):
 class Sinusoidal(Position):
     """Fixed sinusoids, PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same).
     "Attention Is All You Need", arXiv 1706.03762. Computed from the positions, so any length."""
+
+    options = ()
 
     def __init__(self, cfg: PositionConfig, *, d_model: int, **kw: object) -> None:
         super().__init__(cfg, d_model=d_model, **kw)
@@ -85,6 +118,8 @@ class Sinusoidal(Position):
 
 class Learned(Position):
     """A trained vector per absolute position (GPT-2, BERT). Cannot index past ``max_seq_len``."""
+
+    options = ()
 
     def __init__(self, cfg: PositionConfig, *, d_model: int, max_seq_len: int,
                  **kw: object) -> None:
@@ -132,6 +167,16 @@ class T5Bias(Position):
     """Learned scalar bias per (head, relative-distance bucket), shared by all layers of a stack.
     Bidirectional buckets in an encoder, causal buckets in a decoder. arXiv 1910.10683."""
 
+    options = ("num_buckets", "max_distance")
+
+    @classmethod
+    def check(cls, m: ModelConfig, key: str) -> None:
+        p = m.position
+        require(not (p.num_buckets < 4 or p.max_distance <= p.num_buckets // 2),
+                f"{key}.position.num_buckets", p.num_buckets,
+                f"t5_bias needs num_buckets >= 4 and max_distance > num_buckets/2 "
+                f"(max_distance={p.max_distance})")
+
     def __init__(self, cfg: PositionConfig, *, n_heads: int, causal: bool, **kw: object) -> None:
         super().__init__(cfg, n_heads=n_heads, causal=causal, **kw)
         self.bidirectional = not causal
@@ -167,6 +212,8 @@ def alibi_slopes(n_heads: int) -> list[float]:
 class ALiBi(Position):
     """Linear distance penalty ``-slope_h · |k_pos - q_pos|`` on attention scores, no position
     embedding; extrapolates past the training length. arXiv 2108.12409."""
+
+    options = ()
 
     def __init__(self, cfg: PositionConfig, *, n_heads: int, **kw: object) -> None:
         super().__init__(cfg, n_heads=n_heads, **kw)
@@ -229,6 +276,38 @@ class RoPE(Position):
     """Rotary position embedding: rotate q and k pairwise by angle p·θ_i so that q·k depends
     only on the offset (rotate-half layout, as GPT-NeoX / Llama). Angles are computed in fp32
     from the explicit positions (bf16 positions lose integers past 256). arXiv 2104.09864."""
+
+    options = ("base", "scaling", "factor", "original_max_seq_len", "yarn_beta_fast",
+               "yarn_beta_slow", "low_freq_factor", "high_freq_factor")
+
+    @classmethod
+    def check(cls, m: ModelConfig, key: str) -> None:
+        """An even head dimension (pairs rotate), ``base > 1``, ``factor >= 1``, and llama3's
+        frequency band ``0 < low_freq_factor < high_freq_factor``."""
+        p = m.position
+        require(not m.head_dim % 2, f"{key}.d_head", m.head_dim,
+                "rope needs an even head dimension")
+        require(not p.base <= 1, f"{key}.position.base", p.base, "must be > 1")
+        require(not p.factor < 1, f"{key}.position.factor", p.factor, "must be >= 1")
+        require(p.scaling is not RopeScaling.llama3
+                or 0 < p.low_freq_factor < p.high_freq_factor,
+                f"{key}.position.low_freq_factor", p.low_freq_factor,
+                f"llama3 scaling needs 0 < low_freq_factor < high_freq_factor="
+                f"{p.high_freq_factor}")
+
+    @classmethod
+    def check_options(cls, cfg: PositionConfig, key: str) -> None:
+        """``factor`` only with a scaling (else ignored), ``original_max_seq_len`` null or
+        >= 1, YaRN's betas > 0."""
+        require(cfg.scaling is not RopeScaling.none or cfg.factor == 1.0, f"{key}.factor",
+                cfg.factor, "only used with position.scaling linear, ntk, yarn or llama3 "
+                "(scaling is none)", "set model.position.scaling too, or leave factor at 1.0")
+        require(cfg.original_max_seq_len is None or cfg.original_max_seq_len >= 1,
+                f"{key}.original_max_seq_len", cfg.original_max_seq_len,
+                "must be null or >= 1")
+        for o in ("yarn_beta_fast", "yarn_beta_slow"):
+            value = getattr(cfg, o)
+            require(finite(value) and value > 0, f"{key}.{o}", value, "must be > 0")
 
     def __init__(self, cfg: PositionConfig, *, d_head: int, max_seq_len: int,
                  **kw: object) -> None:

@@ -1,0 +1,181 @@
+"""The rules of the data and tokenizer configs: sizes, rates and choices, the synthetic
+mixture (enough distinct keys and values for every task used) and where text comes from.
+Files are read later, by the data package (missing or malformed data is a data error, exit 3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from blocklab.config.checks import _check, _fail, _finite, _name, _one_of
+from blocklab.config.schema import (
+    DATA_FORMATS,
+    DOCUMENT_SPLITS,
+    FILLERS,
+    LONG_DOCUMENTS,
+    MARKOV_MIN_FILLER,
+    SOURCE_FINGERPRINTS,
+    UTF8_ERRORS,
+    DataConfig,
+    DataName,
+    TaskWeights,
+    TokenizerConfig,
+    TokenizerName,
+    counting_min_length,
+    distinct_ids,
+    mqar_min_length,
+    multihop_min_length,
+    needle_min_length,
+)
+from blocklab.errors import ConfigError
+
+
+def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
+    """The synthetic mixture: task weights, distractors, curriculum, lengths, fillers and
+    enough distinct keys and values for the longest sequence of every task used."""
+    weights = d.tasks if isinstance(d.tasks, dict) else dataclasses.asdict(d.tasks)
+    known = [f.name for f in dataclasses.fields(TaskWeights)]
+    unknown = sorted(set(weights) - set(known))
+    if unknown:
+        raise ConfigError(f"config error: {key}.tasks.{unknown[0]}: unknown task; known: "
+                          f"{', '.join(sorted(known))}")
+    if not all(_finite(w) and w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise _fail(f"{key}.tasks", weights, "weights must be >= 0 with a positive sum")
+    used = {k for k, w in weights.items() if w}
+    _check(len(d.n_distractors) == 2, f"{key}.n_distractors", d.n_distractors,
+           "needs [min, max]")
+    lo, hi = d.n_distractors
+    _check(0 <= lo <= hi, f"{key}.n_distractors", d.n_distractors, "need 0 <= min <= max")
+    stages = [list(st) for st in d.curriculum]
+    _check(all(len(st) == 2 and st[0] >= 0 and st[1] >= d.min_len for st in stages)
+           and stages == sorted(stages), f"{key}.curriculum", stages,
+           f"needs [[from_step, max_len], ...] sorted by step, each max_len >= "
+           f"min_len={d.min_len}")
+    _check(8 <= d.min_len <= d.seq_len, f"{key}.min_len", d.min_len,
+           f"need 8 <= min_len <= seq_len={d.seq_len}")
+    if "needle" in used:
+        _check(bool(d.fillers) and set(d.fillers) <= set(FILLERS), f"{key}.fillers", d.fillers,
+               f"needs one or more of {', '.join(FILLERS)}")
+        needed = needle_min_length(hi)
+        _check(d.min_len >= needed, f"{key}.min_len", d.min_len,
+               f"needle with {hi} distractors needs sequences of at least {needed} tokens")
+    _check(d.n_filler >= MARKOV_MIN_FILLER, f"{key}.n_filler", d.n_filler,
+           f"must be >= {MARKOV_MIN_FILLER} (the Markov filler gives each filler token "
+           f"{MARKOV_MIN_FILLER} distinct successors)")
+    for name in ("n_keys", "n_values"):
+        _check(getattr(d, name) >= 1, f"{key}.{name}", getattr(d, name), "must be >= 1")
+    for task, shortest in (("multihop", multihop_min_length(1, 1)),
+                           ("counting", counting_min_length(2, 1))):
+        _check(task not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
+               f"{task} needs sequences of at least {shortest} tokens")
+    if d.mqar_pairs is not None:  # Zoology's layout: exactly mqar_pairs pairs per sequence
+        _check(d.mqar_pairs >= 1, f"{key}.mqar_pairs", d.mqar_pairs,
+               "must be null (as many pairs as fit) or >= 1")
+        lo = d.mqar_min_pairs
+        _check(lo is None or 1 <= lo <= d.mqar_pairs, f"{key}.mqar_min_pairs", lo,
+               f"must be null or in 1..data.mqar_pairs={d.mqar_pairs}")
+        shortest = mqar_min_length(d.mqar_pairs)
+        _check("mqar" not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
+               f"mqar with data.mqar_pairs={d.mqar_pairs} needs sequences of at least "
+               f"{shortest} tokens")
+    _check(d.mqar_min_pairs is None or d.mqar_pairs is not None, f"{key}.mqar_min_pairs",
+           d.mqar_min_pairs, "needs data.mqar_pairs (the Zoology layout) set")
+    for task in sorted(used):
+        n_k, n_v = ((d.mqar_pairs,) * 2 if task == "mqar" and d.mqar_pairs is not None
+                    else distinct_ids(task, d.seq_len, hi))
+        if d.n_keys < n_k or d.n_values < n_v:
+            name = "n_keys" if d.n_keys < n_k else "n_values"
+            raise _fail(f"{key}.{name}", getattr(d, name), f"{task} at seq_len={d.seq_len} "
+                        f"needs {n_k} distinct keys and {n_v} distinct values",
+                        "raise data.n_keys/n_values or lower data.seq_len")
+    return d
+
+
+def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> DataConfig:
+    """Sizes, rates and choices of the data and tokenizer configs (files are read later, by
+    the data package: missing or malformed data is a data error, exit 3)."""
+    _check(d.batch_size >= 1, f"{key}.batch_size", d.batch_size, "must be >= 1")
+    _check(d.seq_len >= 8, f"{key}.seq_len", d.seq_len, "must be >= 8")
+    _check(d.val_batches >= 1, f"{key}.val_batches", d.val_batches, "must be >= 1")
+    _check(d.pad_to_multiple is None or d.pad_to_multiple >= 1, f"{key}.pad_to_multiple",
+           d.pad_to_multiple, "must be null (pad to the longest row) or >= 1")
+    _check(d.num_workers >= 0, f"{key}.num_workers", d.num_workers,
+           "must be >= 0 (0 = load in the main process)")
+    _check(_finite(d.val_fraction) and 0 < d.val_fraction < 1, f"{key}.val_fraction",
+           d.val_fraction, "must be in (0, 1)")
+    _check(_finite(d.mlm_probability) and 0 < d.mlm_probability <= 1,
+           f"{key}.mlm_probability", d.mlm_probability, "must be in (0, 1]")
+    _one_of(f"{key}.format", d.format, DATA_FORMATS,
+            "the reader of data.files; convert other formats to JSON lines or parquet")
+    _one_of(f"{key}.long_documents", d.long_documents, LONG_DOCUMENTS)
+    _one_of(f"{key}.utf8_errors", d.utf8_errors, UTF8_ERRORS)
+    synthetic_tok = _name(tok.name) == TokenizerName.synthetic.value
+    if _name(d.name) == DataName.synthetic.value:
+        _check(synthetic_tok, "tokenizer.name", _name(tok.name),
+               "synthetic data uses tokenizer=synthetic")
+        validate_mixture(d, key)
+    else:
+        _check(not synthetic_tok, "tokenizer.name", _name(tok.name),
+               "the synthetic vocabulary only tokenizes synthetic data",
+               "use tokenizer=bpe, byte, char or file")
+        validate_text_sources(d, key)
+    if _name(tok.name) == TokenizerName.file.value:
+        _check(bool(tok.path), "tokenizer.path", tok.path, "tokenizer=file needs a path to a "
+               "tokenizer.json")
+    if _name(tok.name) == TokenizerName.bpe.value:
+        _check(tok.vocab_size >= 1, "tokenizer.vocab_size", tok.vocab_size, "must be >= 1")
+    if _name(tok.name) in (TokenizerName.bpe.value, TokenizerName.char.value):
+        _check(tok.sample_bytes >= 1, "tokenizer.sample_bytes", tok.sample_bytes, "must be >= 1")
+    return d
+
+
+def has_sources(d: DataConfig | None) -> bool:
+    """Whether a data config names any text (``blocklab-eval``'s ``data``: none = no corpus)."""
+    return d is not None and bool(d.files or d.val_files or d.corpus or d.hub_dataset)
+
+
+#: data.val_split's choices besides a split name
+VAL_SPLITS = ("auto", "none")
+
+
+def validate_text_sources(d: DataConfig, key: str = "data", *, evaluation: bool = False
+                          ) -> DataConfig:
+    """Where text comes from and how it is read: a corpus, files or a hub dataset (for an
+    evaluation corpus, ``blocklab-eval data=``, validation files alone do), and the validation
+    source (``val_files`` / ``val_split``) that replaces the held-out fraction."""
+    if d.corpus:
+        from blocklab import registry
+
+        registry.lookup("corpus", d.corpus, f"{key}.corpus")
+    else:
+        _check(bool(d.files) or bool(d.hub_dataset) or (evaluation and bool(d.val_files)),
+               f"{key}.files", list(d.files),
+               "text data needs data.corpus, data.files or data.hub_dataset"
+               + (" (or data.val_files)" if evaluation else ""))
+    _check(d.format != "disk" or d.corpus or not d.files or len(d.files) == 1, f"{key}.files",
+           list(d.files), "format=disk reads one dataset directory (saved with datasets' "
+           "save_to_disk)")
+    _check(d.format != "disk" or len(d.val_files) <= 1, f"{key}.val_files", list(d.val_files),
+           "format=disk reads one dataset directory (saved with datasets' save_to_disk)")
+    has_splits = bool(d.hub_dataset) or (d.format == "disk" and not d.corpus)
+    _check(has_splits or d.hub_split == "train", f"{key}.hub_split", d.hub_split,
+           f"only a hub dataset or a saved DatasetDict (format=disk) has splits; "
+           f"{_source_words(d)} have none", "leave it at 'train'")
+    named = d.val_split not in VAL_SPLITS
+    _check(bool(d.val_split) and (not named or has_splits), f"{key}.val_split", d.val_split,
+           f"auto, none or the name of a split of a hub dataset or a saved DatasetDict "
+           f"(format=disk); {_source_words(d)} have no splits",
+           "give validation files with data.val_files")
+    _check(not (named and d.val_files), f"{key}.val_split", d.val_split,
+           f"data.val_files={list(d.val_files)} is the validation source already; give one")
+    _one_of(f"{key}.documents", d.documents, DOCUMENT_SPLITS)
+    _one_of(f"{key}.fingerprint", d.fingerprint, SOURCE_FINGERPRINTS)
+    _check(d.num_proc is None or d.num_proc >= 1, f"{key}.num_proc", d.num_proc,
+           "must be null (every core) or >= 1")
+    _check(d.format == "text" or bool(d.text_key), f"{key}.text_key", d.text_key,
+           f"{d.format} records need the name of their text column")
+    return d
+
+
+def _source_words(d: DataConfig) -> str:
+    return (f"corpus {d.corpus}'s files" if d.corpus else
+            f"data.files in format {d.format}")
