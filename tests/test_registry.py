@@ -222,3 +222,85 @@ def test_a_builtin_under_another_name_keeps_its_rules(scratch):
         _model("model.position.num_buckets=2", position="t5_bias2")
     assert str(err.value).startswith("config error: model.position.num_buckets=2: t5_bias needs")
 
+
+def test_the_estimator_asks_each_component_once(scratch):
+    """One estimate asks each component each question once (a mixer once per layer): the
+    parameter count, the FLOPs and the activation estimate share the answers. It used to count
+    the parameters twice, asking every component again (and the mixers a third time)."""
+    import collections
+
+    from blocklab.model.estimate import estimate
+    from blocklab.model.mixer import Mixer
+
+    calls: collections.Counter = collections.Counter()
+
+    class CountedMixer(Mixer):
+        @classmethod
+        def param_count(cls, m, layer, *, causal):
+            calls["mixer.param_count", layer] += 1
+            return 10
+
+        @classmethod
+        def flops_per_token(cls, m, layer, *, seq_len, causal):
+            calls["mixer.flops_per_token", layer] += 1
+            return 100.0
+
+        @classmethod
+        def state_bytes(cls, m, layer, *, batch, seq_len, bytes_per_value):
+            calls["mixer.state_bytes", layer] += 1
+            return 1000
+
+        @classmethod
+        def score_keys(cls, m, layer, *, seq_len):
+            calls["mixer.score_keys", layer] += 1
+            return 0
+
+    class CountedFFN(GeluMLP):
+        @staticmethod
+        def param_count(cfg, d_model, d_ff):
+            calls["ffn.param_count"] += 1
+            return 7
+
+    class BareNorm(LayerNorm):  # no closed form: built on the meta device, once
+        param_count = None
+
+        def __init__(self, *args, **kwargs):
+            calls["norm built"] += 1
+            super().__init__(*args, **kwargs)
+
+    class CountedFamily(DecoderModel):
+        @classmethod
+        def stacks(cls, m):
+            calls["family.stacks"] += 1
+            return super().stacks(m)
+
+        @classmethod
+        def head_param_count(cls, m):
+            calls["family.head_param_count"] += 1
+            return 0
+
+    class CountedPosition(NoPosition):
+        @staticmethod
+        def param_count(cfg, **dims):
+            calls["position.param_count"] += 1
+            return 3
+
+    for axis, name, component in [("mixer", "counted", CountedMixer),
+                                  ("ffn", "counted", CountedFFN), ("norm", "bare", BareNorm),
+                                  ("family", "counted", CountedFamily),
+                                  ("objective", "counted", CausalLM),
+                                  ("position", "counted", CountedPosition)]:
+        scratch(axis, name, component)
+    m = _model("model.n_layers=3", mixer="counted", ffn="counted", norm="bare", family="counted",
+               position="counted")
+    calls.clear()  # validation asked the family for its stacks
+    e = estimate(m, seq_len=16)
+    per_layer = [f"mixer.{q}" for q in ("param_count", "flops_per_token", "state_bytes",
+                                        "score_keys")]
+    assert calls == collections.Counter(
+        {**{(q, i): 1 for q in per_layer for i in range(3)}, "ffn.param_count": 1,
+         "norm built": 1, "family.stacks": 1, "family.head_param_count": 1,
+         "position.param_count": 1})
+    norm = 2 * m.d_model  # LayerNorm with a bias
+    assert e.params == (m.vocab_size * m.d_model + 3 + 3 * (10 + 7 + 2 * norm) + norm)
+    assert e.state_bytes == 3 * 1000

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from blocklab.config import ModelConfig
 from blocklab.model.attention import CrossAttention, attention_dims
 from blocklab.model.cache import DecodeCache
-from blocklab.model.estimate import params_of
+from blocklab.model.estimate import ask, params_of
 from blocklab.model.masks import Visibility
 from blocklab.model.mixer import Sequence, mixer_class
 from blocklab.registry import lookup
@@ -72,9 +72,9 @@ class Block(nn.Module):
 
     @classmethod
     def param_count(cls, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> int:
-        """Parameters of block ``layer``, from its components' own counts."""
-        mixer = mixer_class(m, layer, causal)
-        attention = mixer.param_count(m, layer, causal=causal)
+        """Parameters of block ``layer``, from its components' own counts (each asked once per
+        estimate: ``ask``)."""
+        attention = ask(mixer_class(m, layer, causal), "param_count", m, layer, causal=causal)
         if cross:
             attention += params_of(CrossAttention, m.attention, **attention_dims(m))
         ffn = params_of(lookup("ffn", m.ffn.name), m.ffn, m.d_model, m.d_ff)

@@ -7,29 +7,88 @@ The estimator never asks which variant it is looking at: each component says its
 (model/mixer.py), and each family its stacks and head (``Model.stacks`` and friends). A user
 component without ``param_count`` is counted by building that one component on the ``meta``
 device (no memory, no compute).
+
+Each question is asked once per estimate: inside :func:`one_run` (every public function here
+opens one) an answer is kept and reused — the parameter count, the FLOPs and the activation
+estimate all need a layer's mixer, and a family's stacks, but ask them once (tested).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import enum
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from blocklab.config import ModelConfig
 from blocklab.registry import lookup
 
+_ANSWERS: ContextVar[dict[Any, Any] | None] = ContextVar("blocklab_estimate", default=None)
+
+
+@contextmanager
+def one_run() -> Iterator[None]:
+    """One estimate: within it each component is asked each question once (its answer kept,
+    keyed by the component, the question and the arguments). A nested run joins the outer
+    one; the answers are dropped at the end, so a changed config is asked afresh."""
+    if _ANSWERS.get() is not None:
+        yield
+        return
+    token = _ANSWERS.set({})
+    try:
+        yield
+    finally:
+        _ANSWERS.reset(token)
+
+
+def _key(x: Any) -> Any:
+    """Arguments told apart by value (numbers, names, flags: with their type, so 1 and True
+    differ) or by identity (a config object; the kept answer holds it, so within a run its
+    identity is never reused)."""
+    if isinstance(x, tuple):
+        return tuple(_key(v) for v in x)
+    if x is None or isinstance(x, int | float | str | enum.Enum):
+        return (type(x), x)
+    return ("id", id(x))
+
+
+def ask(component: Any, question: str, *args: Any, **kwargs: Any) -> Any:
+    """``component.<question>(*args, **kwargs)``, asked once per :func:`one_run` (outside
+    one, asked every time)."""
+    answers = _ANSWERS.get()
+    if answers is None:
+        return getattr(component, question)(*args, **kwargs)
+    key = (component, question, _key(args), _key(tuple(sorted(kwargs.items()))))
+    if key not in answers:
+        answers[key] = (args, kwargs, getattr(component, question)(*args, **kwargs))
+    return answers[key][2]
+
 
 def params_of(component: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     """Parameters of ``component(*args, **kwargs)``: its own closed form when it has one,
-    else counted on a copy built on the meta device."""
-    closed_form = getattr(component, "param_count", None)
-    if closed_form is not None:
-        return int(closed_form(*args, **kwargs))
-    import torch
+    else counted on a copy built on the meta device (either once per :func:`one_run`)."""
+    if getattr(component, "param_count", None) is not None:
+        return int(ask(component, "param_count", *args, **kwargs))
+    return ask(_OnMeta, "count", component, *args, **kwargs)
 
-    with torch.device("meta"):
-        module = component(*args, **kwargs)
-    return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+class _OnMeta:
+    """The parameters of a component without ``param_count``, counted on the meta device."""
+
+    @staticmethod
+    def count(component: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+        import torch
+
+        with torch.device("meta"):
+            module = component(*args, **kwargs)
+        return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+
+
+def stacks_of(m: ModelConfig) -> list[tuple[int, bool, bool]]:
+    """The family's stacks, ``(n_layers, cross, causal)`` each (asked once per run)."""
+    return ask(lookup("family", m.family.name), "stacks", m)
 
 
 def _position(m: ModelConfig) -> int:
@@ -43,27 +102,28 @@ def _stack(m: ModelConfig, n_layers: int, *, cross: bool, causal: bool) -> int:
     norm = params_of(lookup("norm", m.norm.name), m.norm, m.d_model)
     final = norm if block.final_norm else 0
     embed_norm = norm if m.embed_norm else 0
-    blocks = sum(block.param_count(m, i, cross=cross, causal=causal) for i in range(n_layers))
+    blocks = sum(ask(block, "param_count", m, i, cross=cross, causal=causal)
+                 for i in range(n_layers))
     return _position(m) + embed_norm + blocks + final
 
 
 def count_params(m: ModelConfig) -> int:
     """Exact parameter count (shared tensors counted once)."""
-    family = lookup("family", m.family.name)
-    stacks = sum(_stack(m, n, cross=cross, causal=causal)
-                 for n, cross, causal in family.stacks(m))
-    types = m.type_vocab_size * m.d_model
-    return m.vocab_size * m.d_model + types + stacks + family.head_param_count(m)
+    with one_run():
+        stacks = sum(_stack(m, n, cross=cross, causal=causal) for n, cross, causal in stacks_of(m))
+        types = m.type_vocab_size * m.d_model
+        head = ask(lookup("family", m.family.name), "head_param_count", m)
+        return m.vocab_size * m.d_model + types + stacks + head
 
 
 def matmul_params(m: ModelConfig) -> int:
     """Parameters used per token in the FLOP count: everything except embedding lookups and
     position tables, with the output projection counted once even when tied."""
-    family = lookup("family", m.family.name)
-    n_stacks = len(family.stacks(m))
-    embed_and_head = (m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
-                      + m.type_vocab_size * m.d_model)
-    return count_params(m) - embed_and_head - n_stacks * _position(m) + m.vocab_size * m.d_model
+    with one_run():
+        embed_and_head = (m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
+                          + m.type_vocab_size * m.d_model)
+        return (count_params(m) - embed_and_head - len(stacks_of(m)) * _position(m)
+                + m.vocab_size * m.d_model)
 
 
 @dataclass(frozen=True)
@@ -101,15 +161,16 @@ def layer_costs(m: ModelConfig, *, batch: int, seq_len: int,
     from blocklab.model.mixer import mixer_class
 
     out = []
-    for s, (n, _, causal) in enumerate(lookup("family", m.family.name).stacks(m)):
-        for i in range(n):
-            mixer = mixer_class(m, i, causal)
-            state = mixer.state_bytes(m, i, batch=batch, seq_len=seq_len,
-                                      bytes_per_value=bytes_per_value) if causal else 0
-            out.append(LayerCost(s, i, m.layer_mixer(i, causal),
-                                 mixer.param_count(m, i, causal=causal),
-                                 mixer.flops_per_token(m, i, seq_len=seq_len, causal=causal),
-                                 state, mixer.score_keys(m, i, seq_len=seq_len)))
+    with one_run():
+        for s, (n, _, causal) in enumerate(stacks_of(m)):
+            for i in range(n):
+                mixer = mixer_class(m, i, causal)
+                state = ask(mixer, "state_bytes", m, i, batch=batch, seq_len=seq_len,
+                            bytes_per_value=bytes_per_value) if causal else 0
+                out.append(LayerCost(
+                    s, i, m.layer_mixer(i, causal), ask(mixer, "param_count", m, i, causal=causal),
+                    ask(mixer, "flops_per_token", m, i, seq_len=seq_len, causal=causal), state,
+                    ask(mixer, "score_keys", m, i, seq_len=seq_len)))
     return out
 
 
@@ -133,11 +194,11 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
     recomputation ("Reducing Activation Recomputation", arXiv 2205.05198). Decode state: the
     sum of the layers' own state sizes."""
     t = seq_len or m.max_seq_len
-    stacks = lookup("family", m.family.name).stacks(m)
-    cross_layers = sum(n for n, cross, _ in stacks if cross)
+    with one_run():
+        cross_layers = sum(n for n, cross, _ in stacks_of(m) if cross)
+        costs = layer_costs(m, batch=batch, seq_len=t, bytes_per_value=bytes_per_value)
+        params, n_mm = count_params(m), matmul_params(m)
     d_attn = m.n_heads * m.head_dim
-    costs = layer_costs(m, batch=batch, seq_len=t, bytes_per_value=bytes_per_value)
-    n_mm = matmul_params(m)
     mixer_params = sum(c.params for c in costs)
     forward = (2 * (n_mm - mixer_params) + sum(c.flops_per_token for c in costs)
                + 4 * cross_layers * t * d_attn)
@@ -145,7 +206,7 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
     activations = sum(t * batch * m.d_model * (34 + 5 * m.n_heads * c.score_keys / m.d_model)
                       * scale for c in costs)
     return Estimate(
-        params=count_params(m), matmul_params=n_mm, train_flops_per_token=3.0 * forward,
+        params=params, matmul_params=n_mm, train_flops_per_token=3.0 * forward,
         forward_flops_per_token=float(forward), activation_bytes=activations,
         state_bytes=sum(c.state_bytes for c in costs), layers=tuple(costs),
     )
@@ -158,9 +219,8 @@ def human(n: float, unit: str = "") -> str:
 
 def _mixer_summary(m: ModelConfig, e: Estimate) -> str:
     """``2 x softmax (local, window 16), 2 x linear`` per stack."""
-    stacks = lookup("family", m.family.name).stacks(m)
     parts = []
-    for s in range(len(stacks)):
+    for s in sorted({c.stack for c in e.layers}):
         kinds: dict[str, int] = {}
         for c in e.layers:
             if c.stack == s:
