@@ -10,7 +10,10 @@ left padding and packed documents:
 - causal:   key ``j`` visible to query ``i`` iff ``j <= i + (T_k - T_q)``;
 - padding:  key ``j`` visible iff ``key_valid[b, j]``;
 - document: key ``j`` visible iff ``segments[b, j] == segments[b, i]`` (packed rows);
-- cross:    decoder query sees encoder key ``j`` iff ``source_valid[b, j]`` (never windowed);
+- cross:    decoder query ``i`` sees encoder key ``j`` iff ``source_valid[b, j]`` and, in packed
+  rows, ``segments[b, i] == source_segments[b, j]`` (the source document paired with the
+  query's). Neither causal nor windowed: a query sees every such key, before or after it
+  (:func:`cross_visibility`; no ``source_valid`` and no segments = every key);
 - window:   with ``window = w`` (local layers, see :func:`layer_window`), key ``j`` visible iff
   ``0 <= o_i - o_j <= w - 1`` (causal: the query and the ``w - 1`` tokens before it) or
   ``|o_i - o_j| <= (w - 1) / 2`` (bidirectional, ``w`` odd), where ``o`` is the *order* of a
