@@ -206,6 +206,17 @@ def test_a_registered_component_brings_its_own_rules(scratch):
     tc = _train("model.position.name=bounded", "model.position.max_distance=100")
     assert validate_train(tc) is tc
 
+    class Unbiased(GeluMLP):  # a norm, block, FFN or family may state rules the same way
+        @classmethod
+        def check(cls, m, key):
+            require(not m.ffn.bias, f"{key}.ffn.bias", m.ffn.bias, "unbiased has no biases")
+
+    scratch("ffn", "unbiased", Unbiased)
+    with pytest.raises(ConfigError) as err:
+        _model("model.ffn.bias=true", ffn="unbiased")
+    assert str(err.value) == "config error: model.ffn.bias=True: unbiased has no biases"
+    assert _model("model.ffn.bias=false", ffn="unbiased").ffn.bias is False
+
 
 def test_a_builtin_under_another_name_keeps_its_rules(scratch):
     """The rules belong to the component, not to its name: rope registered again as 'rope2'
@@ -304,3 +315,28 @@ def test_the_estimator_asks_each_component_once(scratch):
     norm = 2 * m.d_model  # LayerNorm with a bias
     assert e.params == (m.vocab_size * m.d_model + 3 + 3 * (10 + 7 + 2 * norm) + norm)
     assert e.state_bytes == 3 * 1000
+
+
+def test_optimizers_and_loggers_bring_their_own_rules(scratch):
+    """SGD's rule (Nesterov needs momentum) and wandb's (its mode) belong to the components
+    (train/optim.py, train/loggers.py): registered under another name they keep them (tested
+    by name, 'sgd2' and 'wandb2' escaped them), and a user's combining logger is refused a
+    standalone one like ``many``."""
+    from blocklab.config import validate_train
+    from blocklab.train.loggers import many, wandb
+    from blocklab.train.optim import sgd
+
+    scratch("optim", "sgd2", sgd)
+    scratch("logger", "wandb2", wandb)
+    scratch("logger", "many2", many)
+    with pytest.raises(ConfigError) as err:
+        validate_train(_train("optim.name=sgd2", "optim.nesterov=true", "optim.momentum=0"))
+    assert str(err.value) == ("config error: optim.nesterov=True: Nesterov momentum needs "
+                              "optim.momentum > 0")
+    with pytest.raises(ConfigError) as err:
+        validate_train(_train("logger.name=wandb2", "logger.mode=offlien"))
+    assert str(err.value) == "config error: logger.mode='offlien': one of offline, online, disabled"
+    with pytest.raises(ConfigError) as err:
+        validate_train(_train("logger.name=many2", "logger.loggers=[csv,none]"))
+    assert str(err.value) == ("config error: logger.loggers=['csv', 'none']: 'none' cannot be "
+                              "one of several loggers")

@@ -19,7 +19,6 @@ from blocklab.config.schema import (
     PROFILERS,
     STRATEGIES,
     UTF8_ERRORS,
-    WANDB_MODES,
     DataName,
     EvalConfig,
     GenerateConfig,
@@ -50,7 +49,7 @@ def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
     """Every optimizer key, whichever optimizer uses it (the defaults are valid for all)."""
     from blocklab import registry
 
-    registry.lookup("optim", o.name, f"{key}.name")
+    optimizer = registry.lookup("optim", o.name, f"{key}.name")
     _check(_finite(o.lr) and o.lr > 0, f"{key}.lr", o.lr, "must be > 0")
     _check(len(o.betas) == 2, f"{key}.betas", o.betas, "needs two values [beta1, beta2]")
     _check(all(_finite(b) and 0 <= b < 1 for b in o.betas), f"{key}.betas", o.betas,
@@ -62,8 +61,9 @@ def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
            "must be >= 0 (0 = off)")
     _check(_finite(o.momentum) and 0 <= o.momentum < 1, f"{key}.momentum", o.momentum,
            "must be in [0, 1)")
-    _check(not (o.name == "sgd" and o.nesterov and o.momentum == 0), f"{key}.nesterov",
-           o.nesterov, "Nesterov momentum needs optim.momentum > 0")
+    rule = getattr(optimizer, "check", None)  # its own rules (train/optim.py: SGD's)
+    if rule is not None:
+        rule(o, key)
     return o
 
 
@@ -136,26 +136,26 @@ def _validate_trainer_options(t: TrainerConfig, key: str) -> None:
 
 
 def validate_logger(lg: LoggerConfig, key: str = "logger") -> LoggerConfig:
-    """The logger by name; ``many`` names at least one other logger and never itself."""
+    """The logger by name; one that ``combines`` others (``many``) names at least one, none of
+    them ``standalone`` (``many``, ``none``); each chosen logger's own rules (``check``: wandb's
+    mode, tensorboard's package; train/loggers.py)."""
     from blocklab import registry
 
-    registry.lookup("logger", lg.name, f"{key}.name")
-    chosen = list(lg.loggers) if lg.name == "many" else [lg.name]
+    logger = registry.lookup("logger", lg.name, f"{key}.name")
+    combines = getattr(logger, "combines", False)
+    chosen = list(lg.loggers) if combines else [lg.name]
     _check(bool(chosen), f"{key}.loggers", list(lg.loggers),
-           "logger=many needs at least one logger", "e.g. logger.loggers=[tensorboard,wandb]")
+           f"logger={lg.name} needs at least one logger", "e.g. logger.loggers=[tensorboard,wandb]")
+    components = []
     for name in chosen:
-        _check(name not in ("many", "none") or name == lg.name, f"{key}.loggers", list(lg.loggers),
-               f"{name!r} cannot be one of several loggers")
-        registry.lookup("logger", name, f"{key}.loggers")
-    if "wandb" in chosen:
-        _one_of(f"{key}.mode", lg.mode, WANDB_MODES)
-    if "tensorboard" in chosen:
-        import importlib.util
-
-        _check(bool(importlib.util.find_spec("tensorboard")
-                    or importlib.util.find_spec("tensorboardX")), f"{key}.name", "tensorboard",
-               "the tensorboard package is not installed",
-               "pip install 'blocklab[tensorboard]'")
+        component = registry.lookup("logger", name, f"{key}.loggers")
+        _check(not (combines and getattr(component, "standalone", False)), f"{key}.loggers",
+               list(lg.loggers), f"{name!r} cannot be one of several loggers")
+        components.append(component)
+    for component in components:
+        rule = getattr(component, "check", None)
+        if rule is not None:
+            rule(lg, key)
     return lg
 
 

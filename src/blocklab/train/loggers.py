@@ -4,7 +4,9 @@ network blocks for ~100 s, then fails). The CSV log, which ``blocklab-compare`` 
 beside any other logger (all but ``logger=none``) and flushed at every row (train/metrics.py).
 
 A logger component is ``fn(cfg: LoggerConfig, run_dir) -> list of Lightning loggers``;
-``logger=many`` builds each of ``logger.loggers``. Every logger receives the resolved config as
+``logger=many`` builds each of ``logger.loggers``. Attributes the validator asks
+(``validate_logger``): ``check(cfg, key)``, the logger's own rules; ``combines`` (it builds
+``logger.loggers``: ``many``) and ``standalone`` (never one of several: ``many``, ``none``). Every logger receives the resolved config as
 hyperparameters (flattened dotted keys, so runs group and filter by ``model.position.name``);
 TensorBoard also gets it as text. A run's name is ``logger.run_name`` (a sweep job: its varied
 keys, set by the command line) or the run directory's name, its group ``logger.group`` (a
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.config import LoggerConfig
+from blocklab.config.checks import require
+from blocklab.config.schema import WANDB_MODES
 
 
 def csv(cfg: LoggerConfig, run_dir: Path) -> list:
@@ -141,6 +145,24 @@ def close_loggers(loggers: list) -> None:
         elif type(logger).__name__ == "TensorBoardLogger":
             logger.experiment.flush()
 
+
+def _tensorboard_rules(cfg: LoggerConfig, key: str) -> None:
+    import importlib.util
+
+    require(bool(importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX")),
+            f"{key}.name", "tensorboard", "the tensorboard package is not installed",
+            "pip install 'blocklab[tensorboard]'")
+
+
+def _wandb_rules(cfg: LoggerConfig, key: str) -> None:
+    require(cfg.mode in WANDB_MODES, f"{key}.mode", cfg.mode, f"one of {', '.join(WANDB_MODES)}")
+
+
+# what the validator asks of a logger (the module docstring); functions carry them as attributes
+tensorboard.check = _tensorboard_rules  # type: ignore[attr-defined]
+wandb.check = _wandb_rules  # type: ignore[attr-defined]
+many.combines = many.standalone = True  # type: ignore[attr-defined]
+none.standalone = True  # type: ignore[attr-defined]
 
 LOGGERS = {
     "csv": csv,

@@ -4,7 +4,9 @@ layers only — and learning-rate schedules.
 
 An optimizer component is ``fn(groups, cfg: OptimConfig) -> torch.optim.Optimizer``: ``groups``
 are :func:`param_groups` (each with its ``weight_decay``), so a user's optimizer keeps blocklab's
-decay rule without re-implementing it (docs/extending.md)."""
+decay rule without re-implementing it (docs/extending.md). An optional ``check(cfg, key)``
+attribute states the optimizer's own rules (SGD: Nesterov needs momentum), run by
+``validate_optim`` with the rest of the config's validation."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from torch import nn
 
 from blocklab.config import OptimConfig, ScheduleConfig
+from blocklab.config.checks import require
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -54,6 +57,14 @@ def adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
 def sgd(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
     """SGD with (optionally Nesterov) momentum; its weight decay is torch's L2 term."""
     return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+
+
+def _sgd_rules(cfg: OptimConfig, key: str) -> None:
+    require(not (cfg.nesterov and cfg.momentum == 0), f"{key}.nesterov", cfg.nesterov,
+            "Nesterov momentum needs optim.momentum > 0")
+
+
+sgd.check = _sgd_rules  # type: ignore[attr-defined]  # the validator asks it (validate_optim)
 
 
 def adafactor(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
