@@ -10,7 +10,9 @@ and :func:`validate_probe_spec`. Every error is a :class:`ConfigError` whose one
 names the dotted key, the value and the rule: ``config error: <key>=<value!r>: <rule>[; <hint>]``.
 
 This package must stay import-light (no torch): ``--cfg job`` and ``--help`` use it. Its
-parts: ``schema`` (the dataclasses), ``validate`` and ``probes`` (the rules),
+parts: ``schema`` (the dataclasses; the probe spec's in ``probe_schema``, each probe kind's
+settings with its own rules, and the synthetic vocabulary's facts in ``facts``), ``validate``
+and ``probes`` (the rules),
 ``checks`` (their one-line errors), ``compose`` (Hydra composition, user config directories,
 plain model configs from checkpoints), ``strict`` (only keys the schema declares),
 ``hydra_errors`` (Hydra's composition errors in one line) and ``usage`` (what ``--help``
@@ -27,6 +29,7 @@ from blocklab.config.compose import (
     register_configs,
 )
 from blocklab.config.hydra_errors import composition_error
+from blocklab.config.probe_schema import ProbeContext, ProbeKindConfig, kind_settings
 from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     COUNTING_MAX_COUNT,
@@ -124,6 +127,8 @@ __all__ = [
     "OptimConfig",
     "PerplexityProbeConfig",
     "PositionConfig",
+    "ProbeContext",
+    "ProbeKindConfig",
     "ProbeSpec",
     "RopeScaling",
     "ScheduleConfig",
@@ -142,6 +147,7 @@ __all__ = [
     "distinct_ids",
     "distinct_pairs",
     "has_sources",
+    "kind_settings",
     "model_config",
     "model_to_dict",
     "mqar_min_length",

@@ -61,7 +61,8 @@ def spec_hash(spec: ProbeSpec | dict[str, Any]) -> str:
 
     plain = spec if isinstance(spec, dict) else OmegaConf.to_container(
         OmegaConf.structured(spec), enum_to_str=True)
-    plain = {k: v for k, v in plain.items() if k not in ("name", "batch_size", "enabled")}
+    plain = {k: v for k, v in plain.items() if k not in ("name", "batch_size", "enabled")
+             and not (k == "kinds" and not v)}  # no user kinds: the hash of every older spec
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:12]
 
 
