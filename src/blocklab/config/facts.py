@@ -5,7 +5,6 @@ the data package) so that a config is checked without importing the data package
 
 from __future__ import annotations
 
-
 FILLERS = ("iid", "phrase", "markov")  # haystack kinds of the needle task
 MARKOV_MIN_FILLER = 4  # the Markov filler chain gives each filler token 4 distinct successors
 
