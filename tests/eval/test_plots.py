@@ -13,7 +13,9 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from blocklab.eval.aggregate import wilson_interval
-from blocklab.eval.plots import plot_litm, plot_niah, plot_perplexity
+from blocklab.eval.kinds.litm import plot_litm
+from blocklab.eval.kinds.needle import plot_niah
+from blocklab.eval.plots import plot_perplexity
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -157,7 +159,7 @@ def test_no_pyplot_import(tmp_path):
     out = tmp_path / "fresh.png"
     code = textwrap.dedent(f"""
         import sys
-        import blocklab.eval.plots as plots
+        import blocklab.eval.kinds.needle as plots
         assert "matplotlib" not in sys.modules, "matplotlib imported at module import"
         cells = [{{"probe": "needle", "variant": "v", "length": L, "depth": d, "accuracy": 0.5}}
                  for L in (256, 512) for d in (0.0, 1.0)]
