@@ -40,7 +40,7 @@ def _build(builder, spec: ProbeSpec, train_length: int, max_length: int | None) 
     """The cells of every enabled kind, kind by kind in the registry's order."""
     cells: list[Cell] = []
     for kind in kinds():
-        if kind.settings(spec).enabled:
+        if kind.configured(spec) and kind.settings(spec).enabled:
             cells += kind.cells(builder, spec, train_length, max_length)
     return cells
 
@@ -110,7 +110,8 @@ def run_spec(backend, spec: ProbeSpec, *, builder, train_length: int, keys: dict
         "n_examples": len(scored), "seconds": round(time.perf_counter() - t0, 2),
         "build_seconds": round(t_build, 2),
         **{kind.name: kind.summary(rows, scored, train_length=train_length,
-                                   threshold=spec.threshold) for kind in kinds()},
+                                   threshold=spec.threshold)
+           for kind in kinds() if kind.configured(spec)},
         "perplexity": [{k: r[k] for k in ("variant", "length", "n", "nll", "ppl", "status")}
                        for r in ppl_rows],
     }

@@ -73,6 +73,14 @@ class ProbeKind:
         return kind_settings(spec, cls.name, cls.config)
 
     @classmethod
+    def configured(cls, spec: ProbeSpec) -> bool:
+        """Whether ``spec`` has settings for this kind (blocklab's kinds always do; a user
+        kind when ``probes.kinds`` names it): only those get cells and a summary, so loading
+        a plugin changes no report that does not ask for its kinds."""
+        return isinstance(getattr(spec, cls.name, None), cls.config) or cls.name in (
+            spec.kinds or {})
+
+    @classmethod
     def cells(cls, builder: Any, spec: ProbeSpec, train_length: int,
               max_length: int | None) -> list[Cell]:
         """The kind's cells on ``builder`` (its ``space`` says which form)."""
