@@ -10,8 +10,9 @@ Set it under ``probes.kinds.first_value`` (see ``configs/probes/first_value.yaml
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from blocklab.config import ProbeContext, ProbeKindConfig
+from blocklab.config import ProbeContext, ProbeKindConfig, ProbeSpec
 from blocklab.config.checks import require
 from blocklab.data import synthetic as syn
 from blocklab.eval.items import Cell, ProbeItem, fits, lengths_of
@@ -46,7 +47,8 @@ class FirstValue(ProbeKind):
     heading = "First value: accuracy by length"
 
     @classmethod
-    def token_cells(cls, spec, builder, train_length, max_length):
+    def token_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                    max_length: int | None) -> list[Cell]:
         p, vocab = cls.settings(spec), builder.vocab
         cells = []
         for length in lengths_of(p.lengths, train_length):

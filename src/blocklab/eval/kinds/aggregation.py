@@ -150,13 +150,16 @@ class Aggregation(ProbeKind):
     heading = "Aggregation: accuracy by margin and length"
 
     @classmethod
-    def token_cells(cls, spec, builder, train_length, max_length):
+    def token_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                    max_length: int | None) -> list[Cell]:
         return aggregation_cells(spec, builder.vocab, train_length, max_length)
 
     @classmethod
-    def text_cells(cls, spec, builder, train_length, max_length):
+    def text_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                   max_length: int | None) -> list[Cell]:
         return text_aggregation_cells(builder, spec, train_length, max_length)
 
     @classmethod
-    def summary(cls, rows, examples, *, train_length, threshold):
+    def summary(cls, rows: list[dict[str, Any]], examples: list[dict[str, Any]], *,
+                train_length: int, threshold: float) -> dict[str, Any]:
         return aggregation_summary(rows)

@@ -173,23 +173,26 @@ class Hops(ProbeKind):
     heading = "Variable tracking: accuracy by hops and length"
 
     @classmethod
-    def token_cells(cls, spec, builder, train_length, max_length):
+    def token_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                    max_length: int | None) -> list[Cell]:
         return hops_cells(spec, builder.vocab, train_length, max_length)
 
     @classmethod
-    def text_cells(cls, spec, builder, train_length, max_length):
+    def text_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                   max_length: int | None) -> list[Cell]:
         return text_hops_cells(builder, spec, train_length, max_length)
 
     @classmethod
-    def summary(cls, rows, examples, *, train_length, threshold):
+    def summary(cls, rows: list[dict[str, Any]], examples: list[dict[str, Any]], *,
+                train_length: int, threshold: float) -> dict[str, Any]:
         return hops_summary(rows, examples)
 
     @classmethod
-    def variants(cls, summary):
+    def variants(cls, summary: dict[str, Any]) -> dict[str, Any]:
         return summary.get("by_hops") or {}
 
     @classmethod
-    def report_lines(cls, summary):
+    def report_lines(cls, summary: dict[str, Any]) -> list[str]:
         lines = super().report_lines(summary)
         rows = summary.get("by_farthest_depth") or []
         if rows:

@@ -281,27 +281,31 @@ class Litm(ProbeKind):
     config = LitmProbeConfig
 
     @classmethod
-    def token_cells(cls, spec, builder, train_length, max_length):
+    def token_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                    max_length: int | None) -> list[Cell]:
         return litm_cells(spec, builder.vocab, max_length)
 
     @classmethod
-    def text_cells(cls, spec, builder, train_length, max_length):
+    def text_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                   max_length: int | None) -> list[Cell]:
         return text_litm_cells(builder, spec, max_length)
 
     @classmethod
-    def summary(cls, rows, examples, *, train_length, threshold):
+    def summary(cls, rows: list[dict[str, Any]], examples: list[dict[str, Any]], *,
+                train_length: int, threshold: float) -> dict[str, Any]:
         return litm_summary(rows)
 
     @classmethod
-    def report_lines(cls, summary):
+    def report_lines(cls, summary: dict[str, Any]) -> list[str]:
         return _lines(summary)
 
     @classmethod
-    def figures(cls, cells, *, train_length, title):
+    def figures(cls, cells: list[dict[str, Any]], *, train_length: int | None,
+                title: str) -> dict[str, Any]:
         return {"litm": litm_figure(cells, title=title)}
 
     @classmethod
-    def headline(cls, summary):
+    def headline(cls, summary: dict[str, Any]) -> dict[str, float]:
         """Mean accuracy and best–worst gap of every curve."""
         out = {}
         for name, s in summary.items():
@@ -312,7 +316,7 @@ class Litm(ProbeKind):
         return out
 
     @classmethod
-    def tables(cls, summary):
+    def tables(cls, summary: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]]]:
         """Each curve: accuracy by gold position."""
         rows = [[curve, int(pos), acc] for curve, s in summary.items()
                 for pos, acc in (s.get("accuracy_by_gold_position") or {}).items()]

@@ -243,9 +243,11 @@ class MultiNeedle(ProbeKind):
     heading = "Multi-key / multi-value / multi-query needles"
 
     @classmethod
-    def token_cells(cls, spec, builder, train_length, max_length):
+    def token_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                    max_length: int | None) -> list[Cell]:
         return multi_needle_cells(spec, builder.vocab, train_length, max_length)
 
     @classmethod
-    def text_cells(cls, spec, builder, train_length, max_length):
+    def text_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                   max_length: int | None) -> list[Cell]:
         return text_multi_needle_cells(builder, spec, train_length, max_length)

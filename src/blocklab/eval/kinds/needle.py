@@ -199,27 +199,31 @@ class Needle(ProbeKind):
     config = NeedleProbeConfig
 
     @classmethod
-    def token_cells(cls, spec, builder, train_length, max_length):
+    def token_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                    max_length: int | None) -> list[Cell]:
         return needle_cells(spec, builder.vocab, train_length, max_length)
 
     @classmethod
-    def text_cells(cls, spec, builder, train_length, max_length):
+    def text_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
+                   max_length: int | None) -> list[Cell]:
         return text_needle_cells(builder, spec, train_length, max_length)
 
     @classmethod
-    def summary(cls, rows, examples, *, train_length, threshold):
+    def summary(cls, rows: list[dict[str, Any]], examples: list[dict[str, Any]], *,
+                train_length: int, threshold: float) -> dict[str, Any]:
         return needle_summary(rows, examples, train_length, threshold)
 
     @classmethod
-    def report_lines(cls, summary):
+    def report_lines(cls, summary: dict[str, Any]) -> list[str]:
         return [line for variant, s in summary.items() for line in _lines(variant, s)]
 
     @classmethod
-    def figures(cls, cells, *, train_length, title):
+    def figures(cls, cells: list[dict[str, Any]], *, train_length: int | None,
+                title: str) -> dict[str, Any]:
         return {"niah": niah_figure(cells, train_length=train_length, title=title)}
 
     @classmethod
-    def headline(cls, summary):
+    def headline(cls, summary: dict[str, Any]) -> dict[str, float]:
         """Accuracy within / beyond the training length and the effective length per
         variant."""
         out = {}
@@ -232,7 +236,7 @@ class Needle(ProbeKind):
         return out
 
     @classmethod
-    def tables(cls, summary):
+    def tables(cls, summary: dict[str, Any]) -> dict[str, tuple[list[str], list[list[Any]]]]:
         """The effective length per variant."""
         rows = [[variant, s.get("effective_length"), s.get("threshold"),
                  s["within_train_length"]["accuracy"], s["beyond_train_length"]["accuracy"]]
