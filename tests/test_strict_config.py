@@ -95,9 +95,13 @@ def test_places_open_on_purpose_stay_open():
     assert {name: open_keys(s) for name, s in SCHEMAS.items()} == {
         # callbacks: each named callback's options, checked by that callback's own dataclass
         # (tests/train/test_callbacks.py::test_bad_callback_and_trainer_options_fail_in_one_line)
-        "train": ["model.mixer.options", "callbacks"],
-        "prepare": ["model.mixer.options", "callbacks"],
-        "estimate": ["model.mixer.options"], "eval": [], "import": [], "export": [], "generate": []}
+        # probes.kinds: each user probe kind's settings, checked by that kind's own dataclass
+        # (tests/test_user_extensions_cli.py::test_a_user_probe_kind_runs_end_to_end)
+        "train": ["model.mixer.options", "probes.kinds", "checkpoint_probes.kinds", "callbacks"],
+        "prepare": ["model.mixer.options", "probes.kinds", "checkpoint_probes.kinds",
+                    "callbacks"],
+        "estimate": ["model.mixer.options"], "eval": ["probes.kinds"], "import": [],
+        "export": [], "generate": []}
 
 
 def test_a_sweep_with_an_unknown_key_is_refused_before_any_job(tmp_path, capfd):

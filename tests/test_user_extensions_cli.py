@@ -5,6 +5,7 @@ experiments; a checkpoint that needs a plugin says so in one line when it is mis
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -97,3 +98,50 @@ def test_a_plugin_that_cannot_be_imported_is_one_line_and_exit_2():
         "plugin error: BLOCKLAB_PLUGINS=not_a_module_anywhere: importing "
         "'not_a_module_anywhere' failed: ModuleNotFoundError: No module named "
         "'not_a_module_anywhere'"]
+
+
+def test_a_user_probe_kind_runs_end_to_end(tmp_path, capfd):
+    """The example plugin's probe kind (``first_value``: its module, its settings dataclass,
+    its YAML in the user config directory) goes the whole way like a built-in kind: training
+    probes it at every checkpoint (cells, summary, report block, heatmap, headline scalars to
+    the logger), ``blocklab-eval`` probes the checkpoint with it, and ``blocklab-compare``
+    collects its headline; without the plugin, the spec that asks for it is one line, exit 2."""
+    from blocklab.compare.runs import load_run
+
+    run = tmp_path / "run"
+    r = cli("--config-dir", str(PLUGIN / "configs"), "experiment=example_plugin", *FAST,
+            "probes@checkpoint_probes=first_value", "checkpoint_probes.needle.enabled=false",
+            "checkpoint_probes.litm.enabled=false", f"run_dir={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (report,) = (run / "probes" / "step-000004").iterdir()
+    summary = json.loads((report / "summary.json").read_text())
+    first = summary["first_value"]["first"]
+    assert first["pooled"]["n"] == 2 * 8 and set(first["accuracy_by_length"]) == {"64", "128"}
+    assert summary["files"]["first_value_png"] == "first_value.png"
+    assert (report / "first_value.png").stat().st_size > 2_000
+    with (report / "cells.csv").open() as f:
+        cells = list(csv.DictReader(f))
+    assert [(c["probe"], c["length"]) for c in cells] == [("first_value", "64"),
+                                                          ("first_value", "128")]
+
+    # blocklab-eval with the same YAML (in process: conftest.py registered the plugin)
+    out = tmp_path / "eval"
+    r = run_cli(capfd, "blocklab-eval", "--config-dir", str(PLUGIN / "configs"), f"ckpt={run}",
+                "probes=first_value", "probes.needle.enabled=false",
+                "probes.litm.enabled=false", f"out={out}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "first value (argmax accuracy: the first value of the row):" in r.stdout
+
+    # blocklab-compare: the run's row carries the kind's headline curve (logged by training)
+    from blocklab.compare.cli import main as compare
+
+    assert compare([str(run), "--out", str(tmp_path / "cmp"), "--no-plots"]) == 0
+    assert (tmp_path / "cmp" / "compare.csv").is_file()
+    curves = load_run(run)["curves"]
+    assert [s for s, _ in curves["probe/first_value_first/accuracy"]] == [4]
+
+    r = cli("--config-dir", str(PLUGIN / "configs"), f"ckpt={run}", "probes=first_value",
+            tool="blocklab-eval", plugin=False)
+    assert r.returncode == 2, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert "probes.kinds.first_value" in last and "unknown choice" in last, last

@@ -61,6 +61,9 @@ AXES: dict[str, Axis] = {
     "logger": Axis("blocklab.train.loggers", "LOGGERS", "logger.name", "logger"),
     "optim": Axis("blocklab.train.optim", "OPTIMIZERS", "optim.name", "optim"),
     "callback": Axis("blocklab.train.callbacks", "CALLBACKS", "callbacks", "callbacks"),
+    # probe kinds: blocklab's own are fields of the probe spec (probes.<kind>), a user's are
+    # set under probes.kinds.<name> (docs/extending.md)
+    "probe": Axis("blocklab.eval.kinds", "PROBE_KINDS", "probes.kinds"),
 }
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")

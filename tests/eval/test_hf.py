@@ -155,3 +155,32 @@ def test_module_imports_without_transformers(monkeypatch):
     monkeypatch.delitem(sys.modules, "blocklab.eval.hf")
     mod = importlib.import_module("blocklab.eval.hf")
     assert mod.HFCausalLM.family == "decoder"
+
+
+def test_probe_hf_leaves_the_callers_spec_as_it_was(monkeypatch, tmp_path):
+    """``probe_hf`` fills in the reference length (512) on its own copy of the spec: the
+    caller's spec (e.g. a config shared with the next command) is never written into."""
+    import dataclasses
+
+    from blocklab.config import ProbeSpec
+    from blocklab.eval import evaluate
+
+    hf = importlib.import_module("blocklab.eval.hf")  # the module probe_hf imports from
+    probes = importlib.import_module("blocklab.eval.probes")
+    textspace = importlib.import_module("blocklab.eval.textspace")
+    tok = SimpleNamespace(get_vocab=lambda: {"a": 0})
+    model = SimpleNamespace(config=SimpleNamespace(to_dict=lambda: {"arch": "tiny"}))
+    monkeypatch.setattr(hf, "check_hf_model", lambda *a, **kw: None)
+    monkeypatch.setattr(hf, "load_hf_causal_lm", lambda *a, **kw: (model, tok))
+    monkeypatch.setattr(hf, "HFCausalLM", lambda *a, **kw: "backend")
+    monkeypatch.setattr(textspace.TextTokenizer, "from_hf",
+                        classmethod(lambda cls, t, name=None: SimpleNamespace(decode=None)))
+    monkeypatch.setattr(textspace, "TextBuilder", lambda *a, **kw: "builder")
+    seen = {}
+    monkeypatch.setattr(probes, "run_spec", lambda backend, spec, **kw: seen.update(
+        spec=spec, train_length=kw["train_length"]))
+    spec = ProbeSpec(space="text", name="text")
+    before = dataclasses.asdict(spec)
+    evaluate.probe_hf(str(tmp_path), spec, out=tmp_path / "out", log=None)
+    assert seen["train_length"] == seen["spec"].train_length == 512
+    assert dataclasses.asdict(spec) == before and spec.train_length is None

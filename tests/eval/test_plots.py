@@ -13,7 +13,9 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from blocklab.eval.aggregate import wilson_interval
-from blocklab.eval.plots import plot_litm, plot_niah, plot_perplexity
+from blocklab.eval.kinds.litm import plot_litm
+from blocklab.eval.kinds.needle import plot_niah
+from blocklab.eval.plots import plot_perplexity
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -157,7 +159,7 @@ def test_no_pyplot_import(tmp_path):
     out = tmp_path / "fresh.png"
     code = textwrap.dedent(f"""
         import sys
-        import blocklab.eval.plots as plots
+        import blocklab.eval.kinds.needle as plots
         assert "matplotlib" not in sys.modules, "matplotlib imported at module import"
         cells = [{{"probe": "needle", "variant": "v", "length": L, "depth": d, "accuracy": 0.5}}
                  for L in (256, 512) for d in (0.0, 1.0)]
@@ -169,3 +171,150 @@ def test_no_pyplot_import(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     _assert_png(out, 1_000)
+
+
+# ------------------------------------------------- what each figure draws (before it is saved)
+# Each check reads the matplotlib Figure a ``*_figure`` function returns and compares what is
+# drawn with the cells; ``test_each_check_fails_on_a_figure_of_wrong_data`` draws each figure
+# from tampered cells (accuracies permuted, a value changed) and expects the check to fail.
+
+
+def _expected_grid(cells: list[dict], row_key: str, rows: list, lengths: list) -> list[list]:
+    """accuracy[row][length] as the cells state it (None: N/A)."""
+    by = {(c[row_key], c["length"]): c["accuracy"] for c in cells}
+    return [[by.get((r, n)) for n in lengths] for r in rows]
+
+
+def _image_equals(image, expected: list[list]) -> None:
+    import numpy as np
+
+    data = image.get_array()
+    assert data.shape == (len(expected), len(expected[0]))
+    for i, row in enumerate(expected):
+        for j, want in enumerate(row):
+            if want is None:
+                assert np.ma.is_masked(data[i, j]), (i, j)
+            else:
+                assert not np.ma.is_masked(data[i, j]) and data[i, j] == pytest.approx(want)
+
+
+def _check_niah(fig, cells: list[dict]) -> None:
+    variants = list(dict.fromkeys(c["variant"] for c in cells))
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == len(variants) == 2
+    assert fig._suptitle.get_text() == "NIAH test"
+    lengths = sorted({c["length"] for c in cells})
+    depths = sorted({c["depth"] for c in cells})
+    for ax, variant in zip(panels, variants):
+        assert ax.get_title().startswith(variant)
+        assert ax.get_ylabel() == "needle depth"
+        assert ax.get_xlabel().startswith("context length (tokens)")
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["0%", "50%", "100%"]
+        vc = [c for c in cells if c["variant"] == variant]
+        _image_equals(ax.images[0], _expected_grid(vc, "depth", depths, lengths))
+
+
+def _check_litm(fig, cells: list[dict]) -> None:
+    (ax,) = fig.axes
+    assert ax.get_title() == "LITM test"
+    assert ax.get_xlabel().startswith("relative gold position")
+    assert ax.get_ylabel() == "accuracy (Wilson 95% CI)"
+    curves = {c.get_label(): c for c in ax.containers}
+    assert set(curves) == {f"{v}, m={m}" for v in ("kv_records", "query_aware") for m in (8, 16)}
+    for label, container in curves.items():
+        variant, m = label.split(", m=")
+        pts = sorted((c["gold_position"], c["accuracy"]) for c in cells
+                     if c["variant"] == variant and c["n_records"] == int(m))
+        line = container.lines[0]
+        assert list(line.get_ydata()) == pytest.approx([a for _, a in pts])
+        dx = -0.006 if variant == "kv_records" else 0.006
+        assert list(line.get_xdata()) == pytest.approx([p / (int(m) - 1) + dx for p, _ in pts])
+    means = {v: sum(c["accuracy"] for c in cells if c["variant"] == v)
+             / sum(1 for c in cells if c["variant"] == v) for v in ("oracle", "closed_book")}
+    labels = [line.get_label() for line in ax.lines]
+    for v, mean in means.items():
+        assert f"{v} (mean {mean:.2f})" in labels
+
+
+def _check_perplexity(fig, cells: list[dict]) -> None:
+    import math
+
+    (ax,) = fig.axes
+    assert ax.get_title() == "PPL"
+    assert ax.get_xlabel() == "context length (tokens, log2 scale)"
+    assert ax.get_ylabel() == "perplexity (log scale)"
+    lines = {line.get_label(): line for line in ax.lines if not line.get_label().startswith(
+        "train length")}
+    assert set(lines) == {"nonoverlapping", "sliding"}
+    for variant, line in lines.items():
+        pts = sorted((c["length"], c["ppl"]) for c in cells if c["variant"] == variant)
+        assert list(line.get_xdata()) == [n for n, _ in pts]
+        got = list(line.get_ydata())
+        for g, (_, want) in zip(got, pts, strict=True):
+            assert math.isnan(g) if want is None else g == pytest.approx(want)
+
+
+def _hops_cells() -> list[dict]:
+    cells = []
+    for h in (1, 2, 4):
+        for i, length in enumerate((64, 128)):
+            acc = None if (h, length) == (4, 128) else round(0.9 - 0.2 * i - 0.1 * h, 3)
+            cells.append(_acc_cell("hops", f"{h} hops", acc, hops=h, length=length,
+                                   copy_any_value=0.5, chance=0.01))
+    return cells
+
+
+def _check_hops(fig, cells: list[dict]) -> None:
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 1
+    (ax,) = panels
+    assert ax.get_title().startswith("Variable tracking: accuracy by hops and length")
+    assert ax.get_ylabel() == "hops (assignments in the chain)"
+    assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == ["1", "2", "4"]
+    _image_equals(ax.images[0], _expected_grid(cells, "hops", [1, 2, 4], [64, 128]))
+
+
+def _figures():
+    from blocklab.eval.kinds.hops import Hops
+    from blocklab.eval.kinds.litm import litm_figure
+    from blocklab.eval.kinds.needle import niah_figure
+    from blocklab.eval.plots import perplexity_figure
+
+    return {
+        "niah": (_needle_cells, lambda cs: niah_figure(cs, train_length=1024, title="NIAH test"),
+                 _check_niah),
+        "litm": (_litm_cells, lambda cs: litm_figure(cs, title="LITM test"), _check_litm),
+        "perplexity": (_ppl_cells, lambda cs: perplexity_figure(cs, train_length=1024,
+                                                                title="PPL"), _check_perplexity),
+        "hops": (_hops_cells, lambda cs: Hops.figures(cs, train_length=64, title="")["hops"],
+                 _check_hops),
+    }
+
+
+@pytest.mark.parametrize("name", ["niah", "litm", "perplexity", "hops"])
+def test_each_figure_draws_its_cells(name):
+    make_cells, draw, check = _figures()[name]
+    cells = make_cells()
+    check(draw(cells), cells)
+
+
+def _tampered(cells: list[dict]) -> list[dict]:
+    """The same cells with their numbers moved: accuracies (or perplexities) rotated by one
+    among the cells that have one, so every position keeps a value but not its own."""
+    key = "ppl" if any("ppl" in c for c in cells) else "accuracy"
+    have = [i for i, c in enumerate(cells) if c.get(key) is not None]
+    values = [cells[i][key] for i in have]
+    out = [dict(c) for c in cells]
+    for i, v in zip(have, values[1:] + values[:1]):
+        out[i][key] = v * 1.5 + 0.01 if v == values[0] else v  # rotated, and one changed
+    return out
+
+
+@pytest.mark.parametrize("name", ["niah", "litm", "perplexity", "hops"])
+def test_each_check_fails_on_a_figure_of_wrong_data(name):
+    """The negative control of the test above: the figure of tampered cells fails the check
+    against the true cells (so the check reads the drawn data, not just the labels)."""
+    make_cells, draw, check = _figures()[name]
+    cells = make_cells()
+    with pytest.raises(AssertionError):
+        check(draw(_tampered(cells)), cells)

@@ -32,6 +32,7 @@ from blocklab.data import synthetic as syn
 from blocklab.eval.aggregate import wilson_interval
 from blocklab.eval.backends import BlocklabBackend
 from blocklab.eval.items import TokenBuilder
+from blocklab.eval.kinds import PROBE_KINDS
 from blocklab.eval.probes import run_spec
 from blocklab.eval.scoring import partial_credit, text_match
 
@@ -196,7 +197,8 @@ def run(model, sp: ProbeSpec | None = None, out=None):
 
 
 def cells_of(builder_method: str, sp: ProbeSpec | None = None):
-    return getattr(TokenBuilder(VOCAB, 1234), builder_method)(sp or spec(), 64, None)
+    kind = PROBE_KINDS[builder_method.removesuffix("_cells")]
+    return kind.cells(TokenBuilder(VOCAB, 1234), sp or spec(), 64, None)
 
 
 def items_of(kind: str, sp: ProbeSpec | None = None):

@@ -27,7 +27,8 @@ from blocklab.config import (
 from blocklab.data import synthetic as syn
 from blocklab.eval.aggregate import wilson_interval
 from blocklab.eval.backends import BlocklabBackend
-from blocklab.eval.items import TokenBuilder, needle_cells
+from blocklab.eval.items import TokenBuilder
+from blocklab.eval.kinds.needle import needle_cells
 from blocklab.eval.perplexity import perplexity_rows, window_plan
 from blocklab.eval.probes import run_spec
 from blocklab.model import build_model

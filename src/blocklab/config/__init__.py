@@ -11,8 +11,10 @@ names the dotted key, the value and the rule: ``config error: <key>=<value!r>: <
 
 This package must stay import-light (no torch, no component looked up at import): ``--cfg
 job`` and ``--help`` use it. Its parts: ``schema`` (the dataclasses; the model's in
-``model_schema``), ``validate`` (the rules per command), ``validate_model`` (a model's: each
-component's own rules are asked of it through the registry), ``validate_data`` and ``probes``,
+``model_schema``, the probe spec's in ``probe_schema`` — each probe kind's settings with its own
+rules — and the synthetic vocabulary's facts in ``facts``), ``validate`` (the rules per
+command), ``validate_model`` (a model's: each component's own rules are asked of it through the
+registry), ``validate_data`` and ``probes``,
 ``checks`` (their one-line errors), ``compose`` (Hydra composition, user config directories,
 plain model configs from checkpoints), ``strict`` (only keys the schema declares),
 ``hydra_errors`` (Hydra's composition errors in one line) and ``usage`` (what ``--help``
@@ -29,6 +31,7 @@ from blocklab.config.compose import (
     register_configs,
 )
 from blocklab.config.hydra_errors import composition_error
+from blocklab.config.probe_schema import ProbeContext, ProbeKindConfig, kind_settings
 from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     COUNTING_MAX_COUNT,
@@ -126,6 +129,8 @@ __all__ = [
     "OptimConfig",
     "PerplexityProbeConfig",
     "PositionConfig",
+    "ProbeContext",
+    "ProbeKindConfig",
     "ProbeSpec",
     "RopeScaling",
     "ScheduleConfig",
@@ -144,6 +149,7 @@ __all__ = [
     "distinct_ids",
     "distinct_pairs",
     "has_sources",
+    "kind_settings",
     "model_config",
     "model_to_dict",
     "mqar_min_length",

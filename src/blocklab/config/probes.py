@@ -1,24 +1,18 @@
-"""Rules of a probe spec (``probes``, ``checkpoint_probes``, ``blocklab-eval probes``)."""
+"""Rules of a probe spec (``probes``, ``checkpoint_probes``, ``blocklab-eval probes``): the
+spec's own keys, perplexity and the text-space templates here; each probe kind's rules live
+with its settings (``check`` on its dataclass, config/probe_schema.py), and a user kind's are
+found through the registry (``probes.kinds.<name>``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import string
 
 from blocklab.config.checks import _check, _each, _finite, _one_of
-from blocklab.config.schema import (
-    FILLERS,
-    MULTI_NEEDLE_VARIANTS,
-    PROBE_SPACES,
-    TEXT_HAYSTACKS,
-    DataConfig,
-    ProbeSpec,
-    counting_min_length,
-    multi_needle_min_length,
-    multi_needle_needles,
-    multihop_min_length,
-)
+from blocklab.config.probe_schema import ProbeContext, ProbeKindConfig, kind_settings
+from blocklab.config.schema import PROBE_SPACES, TEXT_HAYSTACKS, DataConfig, ProbeSpec
 
 _TEMPLATES = {  # text-space templates: placeholders each may use (and must use)
     "needle": ({"key", "value"}, {"value"}), "question": ({"key"}, set()),
@@ -64,42 +58,8 @@ def validate_probe_spec(spec: ProbeSpec, key: str = "probes", *, synthetic: bool
            spec.threshold, "must be in (0, 1] (an accuracy)")
     _check(spec.batch_size >= 1, f"{k}.batch_size", spec.batch_size, "must be >= 1")
     on = spec.enabled
-
-    n = spec.needle
-    live = on and n.enabled
-    _each(f"{k}.needle.lengths", n.lengths, lambda x: _finite(x) and x > 0,
-          "each length (a multiple of the training length) must be > 0", required=live)
-    _each(f"{k}.needle.depths", n.depths, lambda x: _finite(x) and 0 <= x <= 1,
-          "each depth must be in [0, 1]", required=live)
-    _each(f"{k}.needle.n_distractors", n.n_distractors, lambda x: x >= 0,
-          "each distractor count must be >= 0", required=live)
-    _check(n.n >= 1 or not live, f"{k}.needle.n", n.n, "must be >= 1 (items per cell)",
-           f"or {k}.needle.enabled=false")
-    if live and space == "token":
-        _check(bool(n.fillers) and set(n.fillers) <= set(FILLERS), f"{k}.needle.fillers",
-               list(n.fillers), f"token-space needles need one or more of {', '.join(FILLERS)}")
-        if data is not None and n.n_distractors:
-            most, have = max(n.n_distractors), min(data.n_keys, data.n_values)
-            _check(most + 1 <= have, f"{k}.needle.n_distractors", list(n.n_distractors),
-                   f"{most} distractors need {most + 1} distinct keys and values; the "
-                   f"synthetic vocabulary has data.n_keys={data.n_keys}, "
-                   f"data.n_values={data.n_values}", f"use at most {have - 1} distractors")
-
-    lt = spec.litm
-    live = on and lt.enabled
-    _each(f"{k}.litm.n_records", lt.n_records, lambda x: x >= 1,
-          "each record count must be >= 1", required=live)
-    _each(f"{k}.litm.gold", lt.gold, lambda x: _finite(x) and 0 <= x <= 1,
-          "each gold position (a fraction of the records) must be in [0, 1]", required=live)
-    _check(lt.n >= 1 or not live, f"{k}.litm.n", lt.n, "must be >= 1 (items per cell)",
-           f"or {k}.litm.enabled=false")
-    if live and space == "token" and data is not None and lt.n_records:
-        most, have = max(lt.n_records), min(data.n_keys, data.n_values)
-        _check(most <= have, f"{k}.litm.n_records", list(lt.n_records),
-               f"{most} records need {most} distinct keys and values; the synthetic "
-               f"vocabulary has data.n_keys={data.n_keys}, data.n_values={data.n_values}")
-
-    _validate_new_kinds(spec, k, on, space, data)
+    base = (spec.train_length or data.seq_len) if data is not None else 0
+    _validate_kinds(spec, k, ProbeContext(k, on, space, data, base))
 
     pp = spec.perplexity
     live = on and pp.enabled
@@ -127,84 +87,19 @@ def validate_probe_spec(spec: ProbeSpec, key: str = "probes", *, synthetic: bool
     return spec
 
 
-def _longest(lengths: list[float], train_length: int) -> int:
-    """The longest probe length in tokens (lengths are multiples of the training length)."""
-    return max(1, round(max(lengths) * train_length))
+def _validate_kinds(spec: ProbeSpec, k: str, ctx: ProbeContext) -> None:
+    """Every probe kind's own rules: blocklab's kinds (the fields of the spec holding kind
+    settings), then each user kind under ``probes.kinds`` (looked up in the registry, so an
+    unknown name is one line naming ``probes.kinds.<name>``)."""
+    for f in dataclasses.fields(spec):
+        settings = getattr(spec, f.name)
+        if isinstance(settings, ProbeKindConfig):
+            settings.check(dataclasses.replace(ctx, key=f"{k}.{f.name}"))
+    for name in spec.kinds or {}:
+        at = f"{k}.kinds.{name}"
+        _check(not isinstance(getattr(spec, name, None), ProbeKindConfig), at, spec.kinds[name],
+               "a probe kind of blocklab's own is set at its own key", f"use {k}.{name}")
+        from blocklab.registry import lookup
 
-
-def _validate_new_kinds(spec: ProbeSpec, k: str, on: bool, space: str,
-                        data: DataConfig | None) -> None:
-    """Multi-needle, variable tracking and aggregation: ranges always; "not empty", ``n >= 1``,
-    the vocabulary (token space: enough distinct keys and values for one item) and "the longest
-    length holds one item" (else every cell would be N/A) only when enabled."""
-    tok = space == "token" and data is not None
-    base = (spec.train_length or data.seq_len) if data is not None else 0
-    at = f"training length {base}"
-    mn = spec.multi_needle
-    live = on and mn.enabled
-    _each(f"{k}.multi_needle.variants", mn.variants, lambda x: x in MULTI_NEEDLE_VARIANTS,
-          f"each variant must be one of {', '.join(MULTI_NEEDLE_VARIANTS)}", required=live)
-    _each(f"{k}.multi_needle.lengths", mn.lengths, lambda x: _finite(x) and x > 0,
-          "each length (a multiple of the training length) must be > 0", required=live)
-    _check(mn.keys >= 1, f"{k}.multi_needle.keys", mn.keys, "must be >= 1 (needles per item)")
-    _check(mn.values >= 1, f"{k}.multi_needle.values", mn.values,
-           "must be >= 1 (values of each key, multivalue)")
-    _check(1 <= mn.queries <= mn.keys, f"{k}.multi_needle.queries", mn.queries,
-           f"must be in [1, keys={mn.keys}] (keys asked at once, multiquery)")
-    _check(mn.n >= 1 or not live, f"{k}.multi_needle.n", mn.n, "must be >= 1 (items per cell)",
-           f"or {k}.multi_needle.enabled=false")
-    if live and tok:
-        for variant in mn.variants:
-            needles = multi_needle_needles(variant, mn.keys, mn.values)
-            _check(mn.keys <= data.n_keys and needles <= data.n_values,
-                   f"{k}.multi_needle.keys", mn.keys,
-                   f"{variant} draws {mn.keys} distinct keys and {needles} distinct values; "
-                   f"the synthetic vocabulary has data.n_keys={data.n_keys}, "
-                   f"data.n_values={data.n_values}")
-            need = multi_needle_min_length(variant, mn.keys, mn.values, mn.queries)
-            longest = _longest(mn.lengths, base)
-            _check(longest >= need, f"{k}.multi_needle.lengths", list(mn.lengths),
-                   f"the longest length ({longest} tokens at the {at}) "
-                   f"must hold one {variant} item ({need} tokens); every cell would be N/A")
-
-    hp = spec.hops
-    live = on and hp.enabled
-    _each(f"{k}.hops.hops", hp.hops, lambda x: x >= 1, "each hop count must be >= 1",
-          required=live)
-    _each(f"{k}.hops.lengths", hp.lengths, lambda x: _finite(x) and x > 0,
-          "each length (a multiple of the training length) must be > 0", required=live)
-    _check(hp.distractor_chains >= 0, f"{k}.hops.distractor_chains", hp.distractor_chains,
-           "must be >= 0 (0: the copy line is 1.0)")
-    _check(hp.n >= 1 or not live, f"{k}.hops.n", hp.n, "must be >= 1 (items per cell)",
-           f"or {k}.hops.enabled=false")
-    if live and tok and hp.hops:
-        chains, most = hp.distractor_chains + 1, max(hp.hops)
-        _check(chains * most <= data.n_keys and chains <= data.n_values, f"{k}.hops.hops",
-               list(hp.hops), f"{chains} chains of {most} hops need {chains * most} distinct "
-               f"variables (keys) and {chains} values; the synthetic vocabulary has "
-               f"data.n_keys={data.n_keys}, data.n_values={data.n_values}")
-        need = multihop_min_length(min(hp.hops), hp.distractor_chains)
-        longest = _longest(hp.lengths, base)
-        _check(longest >= need, f"{k}.hops.lengths", list(hp.lengths),
-               f"the longest length ({longest} tokens at the {at}) must "
-               f"hold one item ({need} tokens); every cell would be N/A")
-
-    ag = spec.aggregation
-    live = on and ag.enabled
-    _check(ag.candidates >= 2, f"{k}.aggregation.candidates", ag.candidates,
-           "must be >= 2 (one candidate is the copy shortcut)")
-    _each(f"{k}.aggregation.margins", ag.margins, lambda x: x >= 1,
-          "each margin (winner count - runner-up count) must be >= 1", required=live)
-    _each(f"{k}.aggregation.lengths", ag.lengths, lambda x: _finite(x) and x > 0,
-          "each length (a multiple of the training length) must be > 0", required=live)
-    _check(ag.n >= 1 or not live, f"{k}.aggregation.n", ag.n, "must be >= 1 (items per cell)",
-           f"or {k}.aggregation.enabled=false")
-    if live and tok and ag.margins:
-        _check(ag.candidates <= data.n_values, f"{k}.aggregation.candidates", ag.candidates,
-               f"needs {ag.candidates} distinct values; the synthetic vocabulary has "
-               f"data.n_values={data.n_values}")
-        need = counting_min_length(ag.candidates, min(ag.margins))
-        longest = _longest(ag.lengths, base)
-        _check(longest >= need, f"{k}.aggregation.lengths", list(ag.lengths),
-               f"the longest length ({longest} tokens at the {at}) must "
-               f"hold one item ({need} tokens); every cell would be N/A")
+        config = lookup("probe", name, at).config
+        kind_settings(spec, name, config, k).check(dataclasses.replace(ctx, key=at))

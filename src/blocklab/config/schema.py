@@ -8,6 +8,28 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from blocklab.config.facts import (  # noqa: F401 (re-exported: old imports keep working)
+    COUNTING_CANDIDATES,
+    COUNTING_MARGINS,
+    COUNTING_MAX_COUNT,
+    FILLERS,
+    MARKOV_MIN_FILLER,
+    MULTI_NEEDLE_VARIANTS,
+    MULTIHOP_DISTRACTOR_CHAINS,
+    MULTIHOP_HOPS,
+    counting_choices,
+    counting_min_length,
+    distinct_ids,
+    distinct_pairs,
+    mqar_min_length,
+    multi_needle_answer_length,
+    multi_needle_min_length,
+    multi_needle_needles,
+    multihop_choices,
+    multihop_min_length,
+    needle_min_length,
+)
+
 # The model axes' dataclasses live in model_schema.py; re-exported so that every
 # ``blocklab.config.schema`` import keeps working.
 from blocklab.config.model_schema import (  # noqa: F401
@@ -24,6 +46,16 @@ from blocklab.config.model_schema import (  # noqa: F401
     PositionConfig,
     RopeScaling,
     resolve_kv_heads,
+)
+from blocklab.config.probe_schema import (  # noqa: F401 (re-exported)
+    AggregationProbeConfig,
+    HopsProbeConfig,
+    LitmProbeConfig,
+    MultiNeedleProbeConfig,
+    NeedleProbeConfig,
+    PerplexityProbeConfig,
+    ProbeSpec,
+    TextProbeConfig,
 )
 
 # ----------------------------------------------------------------------------------- choices
@@ -50,105 +82,8 @@ PROBE_SPACES = ("auto", "token", "text")
 TEXT_HAYSTACKS = ("essay", "shakespeare")  # built in; anything else is a path to a text file
 
 
-# -------------------------------------------------------------- synthetic vocabulary facts
-# What the synthetic tasks (data/synthetic.py) require of a config, defined here (and imported
-# there) so that the validators can check a config without importing the data package.
-
-FILLERS = ("iid", "phrase", "markov")  # haystack kinds of the needle task
-MARKOV_MIN_FILLER = 4  # the Markov filler chain gives each filler token 4 distinct successors
-
-
-def needle_min_length(n_distractors: int) -> int:
-    """Shortest needle sequence: BOS, 3 tokens per needle, SEP k v, one filler per distractor."""
-    return 3 * (n_distractors + 1) + 4 + n_distractors
-
-
-def mqar_min_length(pairs: int) -> int:
-    """Shortest Zoology-layout MQAR sequence (``data.mqar_pairs``): BOS, the records, one
-    ``SEP k v`` per key."""
-    return 1 + 5 * pairs
-
-
-def distinct_pairs(task: str, seq_len: int, max_distractors: int) -> int:
-    """Distinct keys (and as many values) that one ``task`` sequence of up to ``seq_len`` tokens
-    draws from the synthetic vocabulary (0: the task draws no keys)."""
-    if task in ("multihop", "counting"):  # unequal key / value needs: distinct_ids
-        return max(distinct_ids(task, seq_len, max_distractors))
-    return {"needle": max_distractors + 1, "kv_records": (seq_len - 4) // 3,
-            "kv_records_query_aware": (seq_len - 6) // 3,
-            "mqar": (seq_len - 1) // 6}.get(task, 0)
-
-
-# Variable tracking (``multihop``) and aggregation (``counting``) as training tasks: the ranges
-# each example draws from (inclusive), restricted per example to what fits its length.
-MULTIHOP_HOPS = (1, 4)  # assignments in the queried chain (lookups needed)
-MULTIHOP_DISTRACTOR_CHAINS = (1, 2)  # other chains of the same length
-COUNTING_CANDIDATES = (2, 4)  # distinct candidate ids
-COUNTING_MARGINS = (1, 3)  # winner count - runner-up count
-COUNTING_MAX_COUNT = 4  # the runner-up occurs 1..4 times (probes and training alike)
-MULTI_NEEDLE_VARIANTS = ("multikey", "multivalue", "multiquery")
-
-
-def multi_needle_needles(variant: str, keys: int, values: int) -> int:
-    """Needles of a multi-needle sequence: ``keys`` (multikey, multiquery) or ``keys × values``
-    (multivalue: every key carries ``values`` values, so the queried key is not the only
-    repeated one)."""
-    return keys * values if variant == "multivalue" else keys
-
-
-def multi_needle_answer_length(variant: str, values: int, queries: int) -> int:
-    """Answer tokens: 1 (multikey), ``values`` (multivalue), ``queries`` (multiquery)."""
-    return {"multikey": 1, "multivalue": values, "multiquery": queries}[variant]
-
-
-def multi_needle_min_length(variant: str, keys: int, values: int, queries: int) -> int:
-    """Shortest multi-needle sequence: BOS, 3 tokens per needle, at least one filler token,
-    SEP, the queried keys and the answer."""
-    n_query = queries if variant == "multiquery" else 1
-    return (1 + 3 * multi_needle_needles(variant, keys, values) + 1 + 1 + n_query
-            + multi_needle_answer_length(variant, values, queries))
-
-
-def multihop_min_length(hops: int, distractor_chains: int) -> int:
-    """Shortest variable-tracking sequence: BOS, 3 tokens per statement of every chain, at
-    least one filler token, ``SEP x_h v``."""
-    return 1 + 3 * hops * (distractor_chains + 1) + 1 + 3
-
-
-def counting_min_length(candidates: int, margin: int,
-                        max_count: int = COUNTING_MAX_COUNT) -> int:
-    """Shortest aggregation sequence for the largest counts: BOS, ``candidates × max_count +
-    margin`` candidate tokens, at least one filler token, ``SEP c``."""
-    return 1 + candidates * max_count + margin + 1 + 2
-
-
-def multihop_choices(length: int) -> list[tuple[int, int]]:
-    """(hops, distractor chains) pairs the ``multihop`` training task draws from (uniformly) at
-    ``length``: the ranges above, restricted to what fits."""
-    return [(h, c) for h in range(MULTIHOP_HOPS[0], MULTIHOP_HOPS[1] + 1)
-            for c in range(MULTIHOP_DISTRACTOR_CHAINS[0], MULTIHOP_DISTRACTOR_CHAINS[1] + 1)
-            if multihop_min_length(h, c) <= length]
-
-
-def counting_choices(length: int) -> list[tuple[int, int]]:
-    """(candidates, margin) pairs the ``counting`` training task draws from at ``length``."""
-    return [(k, m) for k in range(COUNTING_CANDIDATES[0], COUNTING_CANDIDATES[1] + 1)
-            for m in range(COUNTING_MARGINS[0], COUNTING_MARGINS[1] + 1)
-            if counting_min_length(k, m) <= length]
-
-
-def distinct_ids(task: str, seq_len: int, max_distractors: int = 0) -> tuple[int, int]:
-    """(keys, values): distinct key-range and value-range ids that one ``task`` sequence of up
-    to ``seq_len`` tokens draws (variables of ``multihop`` are key-range ids)."""
-    if task == "multihop":
-        fit = multihop_choices(seq_len)
-        return (max((h * (c + 1) for h, c in fit), default=0),
-                max((c + 1 for _, c in fit), default=0))
-    if task == "counting":
-        return 0, max((k for k, _ in counting_choices(seq_len)), default=0)
-    n = distinct_pairs(task, seq_len, max_distractors)
-    return n, n
-
+# The synthetic vocabulary facts (config/facts.py) and the probe spec (config/probe_schema.py)
+# live in their own modules, imported above.
 
 class DataName(enum.Enum):
     synthetic = "synthetic"
@@ -312,130 +247,6 @@ class LoggerConfig:
     run_name: str | None = None  # null = the run directory's name (a sweep job: its varied keys)
     group: str | None = None  # null = none (a sweep job: the sweep directory's name)
     log_checkpoints: bool = False  # wandb: each checkpoint also as an artifact (opt-in: size)
-
-
-@dataclass
-class NeedleProbeConfig:
-    """Needle-in-a-haystack grid: lengths × depths, ``n`` seeded samples per cell, once per
-    distractor count (0 = a single needle: a shortcut task, reported but never quoted alone)."""
-
-    enabled: bool = True
-    lengths: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 1.5, 2.0, 4.0])
-    depths: list[float] = field(default_factory=lambda: [i / 10 for i in range(11)])
-    n_distractors: list[int] = field(default_factory=lambda: [2])
-    n: int = 64
-    fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
-
-
-@dataclass
-class LitmProbeConfig:
-    """Lost in the middle: key–value records with the gold record's position swept, the
-    query-aware layout, and closed-book (records absent) / oracle (only the gold record)
-    baselines."""
-
-    enabled: bool = True
-    n_records: list[int] = field(default_factory=lambda: [8, 16, 32])
-    gold: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # × (m-1)
-    n: int = 64
-    query_aware: bool = True
-    baselines: bool = True
-
-
-@dataclass
-class MultiNeedleProbeConfig:
-    """RULER's needle variants (arXiv 2404.06654) over a filler haystack, every needle at a
-    depth drawn per item: ``multikey`` (``keys`` needles with distinct keys, one queried),
-    ``multivalue`` (the queried key carries ``values`` values, all must be returned in order of
-    appearance; in token space each of the ``keys`` keys carries as many, so a model copying
-    every value it sees cannot pass), ``multiquery`` (``keys`` needles, ``queries`` of them
-    asked at once, every value returned in the order asked)."""
-
-    enabled: bool = False
-    variants: list[str] = field(default_factory=lambda: ["multikey", "multivalue", "multiquery"])
-    lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
-    keys: int = 4
-    values: int = 4
-    queries: int = 2
-    n: int = 64
-
-
-@dataclass
-class HopsProbeConfig:
-    """Variable tracking (multi-hop): a chain ``x1 = v; x2 = x1; ...`` of ``h`` assignments
-    scattered in order through the haystack, with ``distractor_chains`` other chains; the
-    question names the chain's last variable, the answer is its root value. Cells: hops ×
-    length; every row records the depth of the farthest hop."""
-
-    enabled: bool = False
-    hops: list[int] = field(default_factory=lambda: [1, 2, 4])
-    lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])
-    distractor_chains: int = 1
-    n: int = 64
-
-
-@dataclass
-class AggregationProbeConfig:
-    """Counting: ``candidates`` ids (text: words) scattered through the haystack; the most
-    frequent occurs ``margin`` times more often than the runner-up; answer the most frequent.
-    Cells: margin × length."""
-
-    enabled: bool = False
-    candidates: int = 4
-    margins: list[int] = field(default_factory=lambda: [1, 2, 4])
-    lengths: list[float] = field(default_factory=lambda: [0.5, 1.0])
-    n: int = 64
-
-
-@dataclass
-class PerplexityProbeConfig:
-    """Perplexity vs evaluation length (decoders): non-overlapping chunks and a sliding window
-    (each window scores only its last ``stride`` fraction of tokens)."""
-
-    enabled: bool = True
-    lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0])
-    tokens: int = 4096  # tokens scored per length and mode
-    stride: float = 0.5  # sliding window: fraction of the window scored per step
-
-
-@dataclass
-class TextProbeConfig:
-    """Text-space builder (real tokenizers): templates and haystack."""
-
-    haystack: str = "essay"  # essay (built-in plain sentences) | shakespeare | path to a .txt
-    needle: str = "The special magic number for {key} is {value}."
-    question: str = "What is the special magic number for {key}?"
-    answer_prefix: str = "The special magic number for {key} is"
-    record: str = '"{key}": "{value}"'  # litm: one key–value record per line
-    record_question: str = 'What is the value of key "{key}"?'
-    record_answer_prefix: str = 'The value of key "{key}" is "'
-    chat_template: bool = False  # wrap question + answer prefix in the tokenizer's chat template
-    # greedy generation length for the substring match (never fewer than the gold answer's
-    # tokens + 4: a multi-value answer must fit)
-    max_new_tokens: int = 16
-    margin_candidates: int = 4  # multi-token answers: other in-context values scored per item
-    add_bos: bool = True  # prepend the tokenizer's BOS once, at the start
-
-
-@dataclass
-class ProbeSpec:
-    """One probe spec, rendered by the token-space builder (synthetic vocabularies) or the
-    text-space builder (real tokenizers); scoring and reports are shared. Lengths are
-    multiples of ``train_length`` (null = the checkpoint's ``data.seq_len``)."""
-
-    enabled: bool = True
-    name: str = "full"
-    space: str = "auto"  # auto | token | text
-    seed: int = 9999  # disjoint from training seeds: probe pairings are never trained on
-    train_length: int | None = None
-    threshold: float = 0.8  # effective context length: accuracy >= threshold at every L' <= L
-    batch_size: int = 64
-    needle: NeedleProbeConfig = field(default_factory=NeedleProbeConfig)
-    litm: LitmProbeConfig = field(default_factory=LitmProbeConfig)
-    multi_needle: MultiNeedleProbeConfig = field(default_factory=MultiNeedleProbeConfig)
-    hops: HopsProbeConfig = field(default_factory=HopsProbeConfig)
-    aggregation: AggregationProbeConfig = field(default_factory=AggregationProbeConfig)
-    perplexity: PerplexityProbeConfig = field(default_factory=PerplexityProbeConfig)
-    text: TextProbeConfig = field(default_factory=TextProbeConfig)
 
 
 @dataclass

@@ -18,7 +18,9 @@ Sequence formats (decoder form; ``→`` marks the supervised answer tokens):
   chains of assignments, distractor chains interleaved; answer the root value)
 - ``counting``:      ``BOS hay(c_i scattered, the winner margin times more often than the
   runner-up) SEP → c_winner`` (aggregation)
-- ``multi_needle`` (probes; not a mixture task): multi-key / multi-value / multi-query needles.
+
+The multi-key / multi-value / multi-query needles are probes only (not a mixture task): their
+generator lives with their probe kind (``blocklab.eval.kinds.multi_needle``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,9 @@ from typing import Any
 from blocklab.config import (
     COUNTING_MAX_COUNT,
     FILLERS,
-    MULTI_NEEDLE_VARIANTS,
     counting_choices,
     counting_min_length,
     mqar_min_length,
-    multi_needle_answer_length,
-    multi_needle_min_length,
     multihop_choices,
     multihop_min_length,
     needle_min_length,
@@ -99,7 +98,7 @@ def example_rng(seed: int, index: int, salt: str = "") -> random.Random:
     return random.Random(f"blocklab:{seed}:{salt}:{index}")
 
 
-def _filler(rng: random.Random, vocab: Vocab, n: int, kind: str, seed: int) -> list[int]:
+def filler_tokens(rng: random.Random, vocab: Vocab, n: int, kind: str, seed: int) -> list[int]:
     if kind == "iid":
         return rng.choices(vocab.filler, k=n)
     if kind == "phrase":  # one fixed phrase per task seed, repeated, random phase
@@ -144,7 +143,7 @@ def needle(rng: random.Random, vocab: Vocab, length: int, *, n_distractors: int 
                          f"(needs >= {needle_min_length(n_distractors)})")
     keys = rng.sample(vocab.keys, n)
     values = rng.sample(vocab.values, n)
-    hay = _filler(rng, vocab, hay_len, filler, seed)
+    hay = filler_tokens(rng, vocab, hay_len, filler, seed)
     slots = list(range(hay_len + 1))  # needle inserted before hay[slot]
     gold_slot = round(depth * hay_len) if depth is not None else rng.choice(slots)
     others = rng.sample([s for s in slots if s != gold_slot] or slots, n_distractors) if n_distractors else []
@@ -250,7 +249,7 @@ def markov_lm(rng: random.Random, vocab: Vocab, length: int, *, seed: int = 0) -
 # grid {0, 1/hay_len, ..., 1}. The question never states where or how many answers there are.
 
 
-def _place(rng: random.Random, hay: list[int], inserts: list[tuple[int, int, list[int]]]
+def place_inserts(rng: random.Random, hay: list[int], inserts: list[tuple[int, int, list[int]]]
            ) -> tuple[list[int], list[int]]:
     """``BOS`` + ``hay`` with each ``(slot, order, tokens)`` insert placed before
     ``hay[slot]``; tied slots keep ``order`` (then the given order). Returns the tokens and
@@ -264,65 +263,6 @@ def _place(rng: random.Random, hay: list[int], inserts: list[tuple[int, int, lis
         at[j] = len(tokens)
         tokens += payload
     return tokens + hay[prev:], at
-
-
-def multi_needle(rng: random.Random, vocab: Vocab, length: int, *, variant: str = "multikey",
-                 keys: int = 4, values: int = 4, queries: int = 2, filler: str = "iid",
-                 seed: int = 0) -> Example:
-    """RULER's needle variants (arXiv 2404.06654), exactly ``length`` tokens, every needle at
-    an independently drawn uniform depth:
-
-    - ``multikey``:   ``BOS hay(MARK k_i v_i, i < keys) SEP k_g → v_g``
-    - ``multivalue``: every one of ``keys`` keys carries ``values`` values (``keys × values``
-      needles ``MARK k v``); ``SEP k_g → `` its values *in order of appearance*
-    - ``multiquery``: ``keys`` needles; ``SEP k_a k_b … → v_a v_b …`` (``queries`` distinct
-      keys asked at once, the values *in the order asked*)
-
-    Keys and values are distinct within a sequence (a value occurs once in the context).
-    ``meta``: ``depths`` (of every needle, in order of appearance), ``gold_depths`` and
-    ``gold_indices`` (the answer's needles, in answer order), ``answers`` (every in-context
-    alternative answer: each value (multikey); each key's run of values (multivalue); the
-    values of the asked keys shifted by s = 0..keys-1 places in the order of appearance
-    (multiquery)) with the gold one at ``gold``."""
-    if variant not in MULTI_NEEDLE_VARIANTS:
-        raise ValueError(f"multi_needle: unknown variant {variant!r}; known: "
-                         f"{', '.join(MULTI_NEEDLE_VARIANTS)}")
-    need = multi_needle_min_length(variant, keys, values, queries)
-    if length < need:
-        raise ValueError(f"multi_needle: length {length} too short for {variant} with "
-                         f"keys={keys}, values={values}, queries={queries} (needs >= {need})")
-    per_key = values if variant == "multivalue" else 1
-    n_q = queries if variant == "multiquery" else 1
-    ks = rng.sample(vocab.keys, keys)
-    vs = rng.sample(vocab.values, keys * per_key)
-    n_answer = multi_needle_answer_length(variant, values, queries)
-    hay_len = length - 1 - 3 * keys * per_key - 1 - n_q - n_answer
-    hay = _filler(rng, vocab, hay_len, filler, seed)
-    pairs = [(ks[i], vs[i * per_key + j]) for i in range(keys) for j in range(per_key)]
-    slots = [rng.randint(0, hay_len) for _ in pairs]
-    tokens, at = _place(rng, hay, [(s, rng.random(), [MARK, k, v])
-                                   for s, (k, v) in zip(slots, pairs)])
-    seen = sorted(range(len(pairs)), key=lambda j: at[j])  # needles in order of appearance
-    depths = [slots[j] / hay_len for j in seen]
-    key_order = list(dict.fromkeys(pairs[j][0] for j in seen))
-    run = {k: [pairs[j][1] for j in seen if pairs[j][0] == k] for k in key_order}
-    if variant == "multiquery":
-        asked = rng.sample(range(keys), queries)  # indices into key_order, in the order asked
-        query = [key_order[a] for a in asked]
-        answers = [[run[key_order[(a + s) % keys]][0] for a in asked] for s in range(keys)]
-        gold = 0
-    else:
-        query = [ks[0]]  # ks is a random sample: key 0 is a random key
-        answers = [run[k] if variant == "multivalue" else run[k][:1] for k in key_order]
-        gold = answers.index(run[ks[0]])
-    answer = answers[gold]
-    gold_j = [next(j for j in range(len(pairs)) if pairs[j][1] == v) for v in answer]
-    tokens += [SEP, *query, *answer]
-    return Example(tokens, [False] * (len(tokens) - n_answer) + [True] * n_answer, {
-        "task": "multi_needle", "variant": variant, "keys": keys, "values": per_key,
-        "queries": n_q, "depths": depths, "gold_depths": [slots[j] / hay_len for j in gold_j],
-        "gold_indices": [at[j] for j in gold_j], "query_index": len(tokens) - n_answer - n_q,
-        "answers": answers, "gold": gold, "filler": filler})
 
 
 def multihop(rng: random.Random, vocab: Vocab, length: int, *, hops: int | None = None,
@@ -360,7 +300,7 @@ def multihop(rng: random.Random, vocab: Vocab, length: int, *, hops: int | None 
     names = rng.sample(vocab.keys, hops * chains)
     roots = rng.sample(vocab.values, chains)
     hay_len = length - 1 - 3 * hops * chains - 3
-    hay = _filler(rng, vocab, hay_len, filler, seed)
+    hay = filler_tokens(rng, vocab, hay_len, filler, seed)
     rank = rng.sample(range(chains), chains)  # tie order across chains
     inserts, slots = [], []
     for c in range(chains):
@@ -370,7 +310,7 @@ def multihop(rng: random.Random, vocab: Vocab, length: int, *, hops: int | None 
         for h, s in enumerate(chain_slots):
             inserts.append((s, rank[c] * hops + h, [MARK, xs[h], roots[c] if h == 0 else xs[h - 1]]))
             slots.append(s)
-    tokens, at = _place(rng, hay, inserts)
+    tokens, at = place_inserts(rng, hay, inserts)
     tokens += [SEP, names[hops - 1], roots[0]]
     hop_depths = [slots[h] / hay_len for h in range(hops)]
     return Example(tokens, [False] * (len(tokens) - 1) + [True], {
@@ -410,10 +350,10 @@ def counting(rng: random.Random, vocab: Vocab, length: int, *, candidates: int |
     counts = [r + margin, r] + [rng.randint(1, r) for _ in range(candidates - 2)]
     total = sum(counts)
     hay_len = length - 1 - total - 2
-    hay = _filler(rng, vocab, hay_len, filler, seed)
+    hay = filler_tokens(rng, vocab, hay_len, filler, seed)
     occ = [c for c, n in enumerate(counts) for _ in range(n)]
     slots = [rng.randint(0, hay_len) for _ in occ]
-    tokens, at = _place(rng, hay, [(s, rng.random(), [ids[c]]) for s, c in zip(slots, occ)])
+    tokens, at = place_inserts(rng, hay, [(s, rng.random(), [ids[c]]) for s, c in zip(slots, occ)])
     tokens += [SEP, ids[0]]
     gold = [j for j, c in enumerate(occ) if c == 0]
     return Example(tokens, [False] * (len(tokens) - 1) + [True], {

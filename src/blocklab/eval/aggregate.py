@@ -1,7 +1,7 @@
 """From per-example scores to the numbers a probe report states (docs/probes.md, "Grids and
-reports"): one row per cell with its Wilson interval, accuracy pooled within and beyond the
-training length, the effective context length, accuracy by needle distance, and the
-lost-in-the-middle curve shape.
+reports"): one row per cell with its Wilson interval, pooled accuracy, the effective context
+length rule, accuracy by distance and by depth, a curve's shape, and the per-variant summary
+of a grid kind. Each probe kind's own summary (``blocklab.eval.kinds``) is built from these.
 
 Kept apart from the scoring (``blocklab.eval.scoring``, which needs a model and torch) so that
 the statistics can be checked against independent references and reused on saved example rows
@@ -16,11 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from blocklab.eval.items import Cell
-
-EFFECTIVE_RULE = ("effective length = the largest evaluated length L whose accuracy (pooled over "
-                  "depths) is >= {t} at L and at every shorter evaluated length (RULER rule; N/A "
-                  "lengths end the run)")
-
 
 # ------------------------------------------------------------------------------- statistics
 
@@ -112,33 +107,6 @@ def pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- summaries
 
 
-def needle_summary(cells: list[dict[str, Any]], examples: list[dict[str, Any]],
-                   train_length: int, threshold: float) -> dict[str, Any]:
-    """Per needle variant: accuracy by length (pooled over depths), within / beyond the
-    training length, the effective length under :data:`EFFECTIVE_RULE`, the baselines and the
-    accuracy by needle distance."""
-    out = {}
-    for variant in dict.fromkeys(c["variant"] for c in cells if c["probe"] == "needle"):
-        vc = [c for c in cells if c["probe"] == "needle" and c["variant"] == variant]
-        by_len: dict[int, float | None] = {}
-        for length in sorted({c["length"] for c in vc}):
-            lc = [c for c in vc if c["length"] == length]
-            by_len[length] = None if any(c["n"] == 0 for c in lc) else pooled(lc)["accuracy"]
-        ok = [c for c in vc if c["n"]]
-        ex = [e for e in examples if e["probe"] == "needle" and e["variant"] == variant]
-        out[variant] = {
-            "accuracy_by_length": {str(k): v for k, v in by_len.items()},
-            "within_train_length": pooled([c for c in ok if c["length"] <= train_length]),
-            "beyond_train_length": pooled([c for c in ok if c["length"] > train_length]),
-            "effective_length": effective_length(by_len, threshold),
-            "threshold": threshold, "rule": EFFECTIVE_RULE.format(t=threshold),
-            "n_not_applicable": sum(1 for c in vc if not c["n"]),
-            "copy_any_value": vc[0]["copy_any_value"], "chance": vc[0]["chance"],
-            "by_distance": distance_view(ex),
-        }
-    return out
-
-
 def distance_view(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Accuracy by tokens between the needle and the query, in power-of-two bins (relative
     position schemes fail by distance, not by depth %)."""
@@ -155,31 +123,10 @@ def distance_view(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def litm_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per lost-in-the-middle curve (``<variant>/m=<records>``): accuracy by gold position and
-    its shape (:func:`position_curve_summary`); the closed-book and oracle baselines as is."""
-    out: dict[str, Any] = {}
-    lc = [c for c in cells if c["probe"] == "litm"]
-    for variant in ("kv_records", "query_aware"):
-        for m in sorted({c["n_records"] for c in lc if c["variant"] == variant}):
-            curve = {c["gold_position"]: c["accuracy"] for c in lc
-                     if c["variant"] == variant and c["n_records"] == m and c["n"]}
-            if curve:
-                out[f"{variant}/m={m}"] = {"accuracy_by_gold_position": {str(k): v for k, v in
-                                                                        sorted(curve.items())},
-                                           **position_curve_summary(curve),
-                                           "copy_any_value": 1 / m}
-    for variant in ("closed_book", "oracle"):
-        for c in lc:
-            if c["variant"] == variant and c["n"]:
-                out[variant] = {k: c[k] for k in ("n", "accuracy", "ci_low", "ci_high", "chance")}
-    return out
+# ------------------------------------------------------------------------- grid kinds
 
 
-# ------------------------------------------------- multi-needle, variable tracking, aggregation
-
-
-def _grid_summary(cells: list[dict[str, Any]], probe: str) -> dict[str, Any]:
+def grid_summary(cells: list[dict[str, Any]], probe: str) -> dict[str, Any]:
     """Per variant of ``probe``: accuracy (and partial credit) by length, pooled over lengths
     with its Wilson interval, and the cell's chance and copy lines."""
     out: dict[str, Any] = {}
@@ -195,12 +142,6 @@ def _grid_summary(cells: list[dict[str, Any]], probe: str) -> dict[str, Any]:
             "copy_any_value": vc[0]["copy_any_value"], "chance": vc[0]["chance"],
         }
     return out
-
-
-def multi_needle_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Multi-key / multi-value / multi-query needles: per variant, accuracy (all answers
-    right) and partial credit by length, and pooled."""
-    return _grid_summary(cells, "multi_needle")
 
 
 #: Farthest-hop depth bins of the variable-tracking summary: [0, 0.2), ..., [0.8, 1.0].
@@ -222,33 +163,3 @@ def depth_view(examples: list[dict[str, Any]], key: str, bins: int = DEPTH_BINS
         rows.append({"depth_from": b / bins, "depth_to": (b + 1) / bins, "n": len(hits),
                      "accuracy": sum(hits) / len(hits), "ci_low": lo, "ci_high": hi})
     return rows
-
-
-def hops_summary(cells: list[dict[str, Any]], examples: list[dict[str, Any]]
-                 ) -> dict[str, Any]:
-    """Variable tracking: per hop count, accuracy by length and pooled; accuracy by hops
-    (pooled over lengths) and, per hop count, by the depth of the farthest hop (the root
-    statement) in :data:`DEPTH_BINS` bins."""
-    per = _grid_summary(cells, "hops")
-    hc = [c for c in cells if c["probe"] == "hops"]
-    ex = [e for e in examples if e["probe"] == "hops"]
-    for variant, s in per.items():
-        s["hops"] = next(c["hops"] for c in hc if c["variant"] == variant)
-        s["by_farthest_depth"] = depth_view([e for e in ex if e["variant"] == variant],
-                                            "farthest_depth")
-    return {"by_hops": per,
-            "accuracy_by_hops": {str(s["hops"]): s["pooled"]["accuracy"] for s in per.values()},
-            "by_farthest_depth": depth_view(ex, "farthest_depth")} if per else {}
-
-
-def aggregation_summary(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Aggregation: per margin, accuracy by length and pooled, beside the copy line (1 /
-    candidates) and the occurrence line (mean share of the winner among all occurrences)."""
-    per = _grid_summary(cells, "aggregation")
-    ac = [c for c in cells if c["probe"] == "aggregation"]
-    for variant, s in per.items():
-        vc = [c for c in ac if c["variant"] == variant and c["n"]]
-        s["count_margin"] = next(c["count_margin"] for c in ac if c["variant"] == variant)
-        s["winner_share"] = (sum(c["winner_share"] * c["n"] for c in vc)
-                             / sum(c["n"] for c in vc)) if vc else None
-    return per

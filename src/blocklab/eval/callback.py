@@ -5,8 +5,7 @@ The callback runs the (coarse) probe spec when Lightning saves a checkpoint, on 
 functions of the probe seed — nothing draws from the global random generators — so training
 is bit-identical with and without the callback (tested, with dropout on). Results go to
 ``<run dir>/probes/step-NNNNNN/<spec>-<hash>/``; to the loggers go a few headline numbers, and
-(:func:`log_probe_result`) the cells, effective lengths and lost-in-the-middle curves as tables
-and the PNGs as images.
+(:func:`log_probe_result`) the cells and each probe kind's own tables, and the PNGs as images.
 A probe that raises is reported (a warning, and ``probe_error.txt`` beside its results) and
 training continues unchanged; the checkpoint is written as usual.
 """
@@ -25,48 +24,28 @@ from blocklab.eval.evaluate import probe_dir, probe_model
 
 
 def headline(summary: dict[str, Any]) -> dict[str, float]:
-    """A few scalars for the loggers: needle accuracy within / beyond the training length and
-    effective length per variant, the LitM best–worst gap per curve, and the pooled accuracy
-    of every multi-needle variant, hop count and aggregation margin."""
-    out = {}
-    for variant, s in summary.get("needle", {}).items():
-        tag = variant.replace(" ", "_")
-        for part in ("within_train_length", "beyond_train_length"):
-            if s[part]["accuracy"] is not None:
-                out[f"probe/needle_{tag}/{part}"] = s[part]["accuracy"]
-        out[f"probe/needle_{tag}/effective_length"] = float(s["effective_length"] or 0)
-    for name, s in summary.get("litm", {}).items():
-        if "best_worst_gap" in s:
-            out[f"probe/litm_{name}/mean"] = sum(s["accuracy_by_gold_position"].values()) / len(
-                s["accuracy_by_gold_position"])
-            out[f"probe/litm_{name}/gap"] = s["best_worst_gap"]
-    grids = {"multi_needle": summary.get("multi_needle") or {},
-             "hops": (summary.get("hops") or {}).get("by_hops") or {},
-             "aggregation": summary.get("aggregation") or {}}
-    for probe, per in grids.items():  # pooled accuracy per variant / hop count / margin
-        for variant, s in per.items():
-            if s["pooled"]["accuracy"] is not None:
-                out[f"probe/{probe}_{variant.replace(' ', '_')}/accuracy"] = s["pooled"]["accuracy"]
+    """A few scalars for the loggers, each probe kind's own (``ProbeKind.headline``: e.g. the
+    needle accuracy within / beyond the training length and the effective length, the LitM
+    best–worst gap, the pooled accuracy of every variant of a grid kind)."""
+    from blocklab.eval.kinds import kinds
+
+    out: dict[str, float] = {}
+    for kind in kinds():
+        out.update(kind.headline(summary.get(kind.name) or {}))
     return out
 
 
 def probe_tables(result: Any) -> dict[str, tuple[list[str], list[list[Any]]]]:
-    """``name -> (columns, rows)``: every scored cell, the effective length per needle variant,
-    and each lost-in-the-middle curve (accuracy by gold position)."""
+    """``name -> (columns, rows)``: every scored cell, then each probe kind's own tables
+    (``ProbeKind.tables``: e.g. the effective length per needle variant, each
+    lost-in-the-middle curve)."""
+    from blocklab.eval.kinds import kinds
+
     cells = [r for r in result.cells if r.get("probe") != "perplexity"]
     columns = list(dict.fromkeys(k for r in cells for k in r))
     tables = {"cells": (columns, [[_plain(r.get(c)) for c in columns] for r in cells])}
-    summary = result.summary
-    needle = [[variant, s.get("effective_length"), s.get("threshold"),
-               s["within_train_length"]["accuracy"], s["beyond_train_length"]["accuracy"]]
-              for variant, s in (summary.get("needle") or {}).items()]
-    if needle:
-        tables["effective_length"] = (["variant", "effective_length", "threshold",
-                                       "within_train_length", "beyond_train_length"], needle)
-    litm = [[curve, int(pos), acc] for curve, s in (summary.get("litm") or {}).items()
-            for pos, acc in (s.get("accuracy_by_gold_position") or {}).items()]
-    if litm:
-        tables["litm"] = (["curve", "gold_position", "accuracy"], litm)
+    for kind in kinds():
+        tables.update(kind.tables(result.summary.get(kind.name) or {}))
     return tables
 
 

@@ -302,8 +302,8 @@ def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,
 
     validate_probe_spec(spec, "probes", synthetic=False)  # a real tokenizer: text space
     check_hf_model(model_dir, gguf_file=gguf_file)  # one line, before anything is loaded
-    if not spec.train_length:  # the reference length that lengths are multiples of
-        spec.train_length = HF_TRAIN_LENGTH
+    if not spec.train_length:  # the reference length lengths are multiples of (on a copy:
+        spec = dataclasses.replace(spec, train_length=HF_TRAIN_LENGTH)  # the caller's stays)
     model, hf_tok = load_hf_causal_lm(model_dir, gguf_file=gguf_file)
     name = Path(gguf_file or model_dir).stem
     text_tok = TextTokenizer.from_hf(hf_tok, name=name)

@@ -1,9 +1,12 @@
-"""PNG plots of long-context probe results (needle heatmaps, lost-in-the-middle curves,
-perplexity against length; docs/probes.md, "Grids and reports").
+"""The drawing of probe results (docs/probes.md, "Grids and reports"): accuracy heatmaps over
+length (one panel per variant, or one panel of rows), perplexity against length, and the
+helpers the probe kinds draw their own figures with (``blocklab.eval.kinds``: each kind picks
+its rows, labels and titles; nothing here knows a kind).
 
 Every function takes ``cells``, the rows of the long-form results table (dicts; numbers may
-also be CSV strings, and ``""``/``"None"``/``"nan"`` read as missing), writes one PNG and
-returns its path. Figures are made and saved through :mod:`blocklab.plotting` (matplotlib
+also be CSV strings, and ``""``/``"None"``/``"nan"`` read as missing). A ``*_figure`` function
+returns the matplotlib Figure, so a test can read what it draws; ``plot_*`` saves it as a PNG
+and returns the path. Figures are made and saved through :mod:`blocklab.plotting` (matplotlib
 imported lazily, object API only: no ``pyplot``, no global state, no GUI backend), so importing
 this module loads neither matplotlib nor torch.
 """
@@ -41,14 +44,14 @@ def _is_na(cell: Cell, key: str = "accuracy") -> bool:
     return status.startswith("n/a") or finite_float(cell.get(key)) is None
 
 
-def _select(cells: Iterable[Cell], probe: str) -> list[Cell]:
+def select(cells: Iterable[Cell], probe: str) -> list[Cell]:
     rows = [c for c in cells if str(c.get("probe") or "").strip().lower() == probe]
     if not rows:
         raise ValueError(f"no cells with probe == {probe!r} to plot")
     return rows
 
 
-def _variant(cell: Cell) -> str:
+def variant_of(cell: Cell) -> str:
     v = cell.get("variant")
     return "default" if v is None or str(v).strip() == "" else str(v)
 
@@ -63,13 +66,13 @@ def _mean(values: Iterable[float | None], weights: Iterable[float | None] | None
     return sum(v * w for v, w in pairs) / sum(w for _, w in pairs)
 
 
-def _ok_mean(cells: Iterable[Cell], key: str = "accuracy") -> float | None:
+def ok_mean(cells: Iterable[Cell], key: str = "accuracy") -> float | None:
     """Mean of ``key`` over the cells that are not N/A, weighted by their ``n``."""
     ok = [c for c in cells if not _is_na(c)]
     return _mean((finite_float(c.get(key)) for c in ok), (finite_float(c.get("n")) for c in ok))
 
 
-def _first_values(rows: Iterable[Cell], key: str) -> list[float]:
+def first_values(rows: Iterable[Cell], key: str) -> list[float]:
     """Distinct non-missing values of ``key``, in order of first appearance."""
     seen: list[float] = []
     for r in rows:
@@ -103,27 +106,7 @@ def _train_position(lengths: Sequence[int], train_length: int | None
     return None, None
 
 
-def _niah_grid(vrows: Iterable[Cell], row_of: Mapping[float | None, int],
-               col: Mapping[int, int]) -> tuple[Any, Any]:
-    """(accuracy, state) arrays of one variant's panel, depth × length; state is 0 for an
-    absent cell, 1 for a value, 2 for N/A. Repeated cells are averaged, weighted by n."""
-    import numpy as np
-
-    groups: dict[tuple[int, int], list[Cell]] = defaultdict(list)
-    for r in vrows:
-        groups[(row_of[finite_float(r.get("depth"))], col[finite_int(r.get("length"))])].append(r)
-    acc = np.full((len(row_of), len(col)), np.nan)
-    state = np.zeros((len(row_of), len(col)), dtype=int)
-    for (i, j), grp in groups.items():
-        mean = _ok_mean(grp)
-        if mean is None:
-            state[i, j] = 2
-        else:
-            acc[i, j], state[i, j] = mean, 1
-    return acc, state
-
-
-def _draw_niah_panel(ax: Any, acc: Any, state: Any, cmap: Any, font: int) -> Any:
+def _draw_panel(ax: Any, acc: Any, state: Any, cmap: Any, font: int) -> Any:
     """The heatmap of one panel with its cell labels ("0.87", "N/A") and a light cell grid;
     returns the image (for the colour bar)."""
     import numpy as np
@@ -184,102 +167,106 @@ def _length_labels(lengths: Sequence[int], train_length: int | None) -> list[str
     return labels
 
 
-def plot_niah(cells: Iterable[Cell], path: str | os.PathLike[str], *,
-              train_length: int | None, title: str = "") -> Path:
-    """Needle-in-a-haystack accuracy heatmaps (depth × length), one panel per variant.
+def _grid_arrays(rows: Iterable[Cell], row_of: Mapping[Any, int], col: Mapping[int, int],
+                 key_of: Any) -> tuple[Any, Any]:
+    """(accuracy, state) arrays of one heatmap panel, rows × lengths; state is 0 for an absent
+    cell, 1 for a value, 2 for N/A. Repeated cells are averaged, weighted by n."""
+    import numpy as np
+
+    groups: dict[tuple[int, int], list[Cell]] = defaultdict(list)
+    for r in rows:
+        k, n = key_of(r), finite_int(r.get("length"))
+        if k in row_of and n is not None:
+            groups[(row_of[k], col[n])].append(r)
+    acc = np.full((len(row_of), len(col)), np.nan)
+    state = np.zeros((len(row_of), len(col)), dtype=int)
+    for (i, j), grp in groups.items():
+        mean = ok_mean(grp)
+        if mean is None:
+            state[i, j] = 2
+        else:
+            acc[i, j], state[i, j] = mean, 1
+    return acc, state
+
+
+def _lengths_of(rows: Sequence[Cell], probe: str) -> list[int]:
+    lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None})
+    if not lengths:
+        raise ValueError(f"{probe} cells carry no 'length' to plot")
+    return lengths
+
+
+def panels_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label: str,
+                  train_length: int | None, title: str) -> Any:
+    """Accuracy heatmaps (``row_key`` as a percentage × length), one panel per variant of
+    ``probe``'s cells (the needle grid: depth × length).
 
     N/A cells (accuracy None or status "n/a: ...") are grey with "N/A"; absent cells are
     blank. The training length is boxed (or a dashed line if it falls between columns)."""
     from matplotlib import colormaps
 
-    rows = _select(cells, "needle")
-    lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None})
-    if not lengths:
-        raise ValueError("needle cells carry no 'length' to plot")
-    depth_keys = sorted({finite_float(r.get("depth")) for r in rows},
-                        key=lambda d: (d is None, d if d is not None else 0.0))
-    variants = list(dict.fromkeys(_variant(r) for r in rows))
+    rows = select(cells, probe)
+    lengths = _lengths_of(rows, probe)
+    row_keys = sorted({finite_float(r.get(row_key)) for r in rows},
+                      key=lambda d: (d is None, d if d is not None else 0.0))
+    variants = list(dict.fromkeys(variant_of(r) for r in rows))
     col = {n: j for j, n in enumerate(lengths)}
-    row_of = {d: i for i, d in enumerate(depth_keys)}
+    row_of = {d: i for i, d in enumerate(row_keys)}
 
     cmap = colormaps["viridis"].with_extremes(bad=_NA_COLOUR)
-    n_var, n_rows, n_cols = len(variants), len(depth_keys), len(lengths)
+    n_var, n_rows, n_cols = len(variants), len(row_keys), len(lengths)
     panel_w = max(2.6, 0.85 * n_cols + 1.3)
     fig = new_figure((panel_w * n_var + 1.2, max(2.8, 0.48 * n_rows + 2.0)))
     axes = fig.subplots(1, n_var, squeeze=False)[0]
     font = 9 if n_cols <= 8 else 7
     xticklabels = _length_labels(lengths, train_length)
-    ylabels = ["—" if d is None else f"{100 * d:.0f}%" for d in depth_keys]
+    ylabels = ["—" if d is None else f"{100 * d:.0f}%" for d in row_keys]
 
     image = None
     for ax, variant in zip(axes, variants):
-        vrows = [r for r in rows if _variant(r) == variant and finite_int(r.get("length")) is not None]
-        acc, state = _niah_grid(vrows, row_of, col)
-        image = _draw_niah_panel(ax, acc, state, cmap, font)
+        vrows = [r for r in rows if variant_of(r) == variant]
+        acc, state = _grid_arrays(vrows, row_of, col, lambda r: finite_float(r.get(row_key)))
+        image = _draw_panel(ax, acc, state, cmap, font)
         ax.set_xticks(range(n_cols), xticklabels, fontsize=8)
         ax.set_yticks(range(n_rows), ylabels, fontsize=8)
         ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("needle depth")
+        ax.set_ylabel(row_label)
         _mark_train_length(ax, lengths, train_length, n_rows)
         subtitle = variant
-        copy_vals = _first_values(vrows, "copy_any_value")
+        copy_vals = first_values(vrows, "copy_any_value")
         if copy_vals:
             subtitle += f"\ncopy-any-value line = {', '.join(f'{v:.2f}' for v in copy_vals[:3])}"
         ax.set_title(subtitle, fontsize=10)
 
     fig.colorbar(image, ax=list(axes), label="accuracy", shrink=0.9, pad=0.02)
-    fig.suptitle(title or "Needle in a haystack: accuracy by depth and length", fontsize=12)
-    return save_png(fig, path)
+    fig.suptitle(title, fontsize=12)
+    return fig
 
 
-# --------------------------------------------------------------------------- other probe kinds
-
-
-_GRID_TEXT = {
-    "multi_needle": ("needle variant", "Multi-key / multi-value / multi-query needles"),
-    "hops": ("hops (assignments in the chain)", "Variable tracking: accuracy by hops and length"),
-    "aggregation": ("margin (winner - runner-up count)", "Aggregation: accuracy by margin and length"),
-}
-
-
-def plot_grid(cells: Iterable[Cell], path: str | os.PathLike[str], *, probe: str,
-              row_key: str, train_length: int | None, title: str = "") -> Path:
-    """One heatmap of ``probe``'s accuracy, ``row_key`` (variant, hops or margin) × length,
-    drawn like the needle heatmap (N/A grey, absent blank, training length boxed); the
-    chance and copy lines of each row in its tick label."""
+def grid_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label: str,
+                heading: str, train_length: int | None, title: str = "") -> Any:
+    """One heatmap of ``probe``'s accuracy, ``row_key`` (variant, or a number such as hops or
+    margin) × length, drawn like the needle heatmap (N/A grey, absent blank, training length
+    boxed); the chance and copy lines of each row in its tick label; ``heading`` above
+    ``title``."""
     from matplotlib import colormaps
 
-    rows = _select(cells, probe)
-    lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None})
-    if not lengths:
-        raise ValueError(f"{probe} cells carry no 'length' to plot")
+    rows = select(cells, probe)
+    lengths = _lengths_of(rows, probe)
     numeric = row_key != "variant"
-    keys = list(dict.fromkeys((finite_int(r.get(row_key)) if numeric else _variant(r))
-                              for r in rows))
+
+    def key_of(r: Cell) -> Any:
+        return finite_int(r.get(row_key)) if numeric else variant_of(r)
+
+    keys = list(dict.fromkeys(key_of(r) for r in rows))
     if numeric:
         keys = sorted(k for k in keys if k is not None)
     row_of = {k: i for i, k in enumerate(keys)}
-    col = {n: j for j, n in enumerate(lengths)}
-    acc_rows: dict[tuple[int, int], list[Cell]] = defaultdict(list)
-    for r in rows:
-        k = finite_int(r.get(row_key)) if numeric else _variant(r)
-        n = finite_int(r.get("length"))
-        if k in row_of and n is not None:
-            acc_rows[(row_of[k], col[n])].append(r)
-    import numpy as np
-
-    acc = np.full((len(keys), len(lengths)), np.nan)
-    state = np.zeros((len(keys), len(lengths)), dtype=int)
-    for (i, j), grp in acc_rows.items():
-        mean = _ok_mean(grp)
-        if mean is None:
-            state[i, j] = 2
-        else:
-            acc[i, j], state[i, j] = mean, 1
+    acc, state = _grid_arrays(rows, row_of, {n: j for j, n in enumerate(lengths)}, key_of)
     labels = []
     for k in keys:
-        krows = [r for r in rows if (finite_int(r.get(row_key)) if numeric else _variant(r)) == k]
-        copy_v, chance_v = _first_values(krows, "copy_any_value"), _first_values(krows, "chance")
+        krows = [r for r in rows if key_of(r) == k]
+        copy_v, chance_v = first_values(krows, "copy_any_value"), first_values(krows, "chance")
         lines = [str(k)]
         if copy_v:
             lines.append(f"copy {copy_v[0]:.2f}")
@@ -290,116 +277,15 @@ def plot_grid(cells: Iterable[Cell], path: str | os.PathLike[str], *, probe: str
     n_rows, n_cols = len(keys), len(lengths)
     fig = new_figure((max(4.0, 0.95 * n_cols + 3.0), max(2.8, 0.75 * n_rows + 1.8)))
     ax = fig.subplots()
-    image = _draw_niah_panel(ax, acc, state, cmap, 9 if n_cols <= 8 else 7)
+    image = _draw_panel(ax, acc, state, cmap, 9 if n_cols <= 8 else 7)
     ax.set_xticks(range(n_cols), _length_labels(lengths, train_length), fontsize=8)
     ax.set_yticks(range(n_rows), labels, fontsize=8)
     ax.set_xlabel("context length (tokens)")
-    ylabel, default_title = _GRID_TEXT.get(probe, (row_key, probe))
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(row_label)
     _mark_train_length(ax, lengths, train_length, n_rows)
     fig.colorbar(image, ax=ax, label="accuracy", shrink=0.9, pad=0.02)
-    ax.set_title(f"{default_title}\n{title}" if title else default_title, fontsize=10)
-    return save_png(fig, path)
-
-
-# --------------------------------------------------------------------------- lost in the middle
-
-
-_LITM_CURVES = ("kv_records", "query_aware")
-_LITM_STYLE = {"kv_records": ("-", "o", -0.006), "query_aware": ("--", "s", 0.006)}
-
-
-def _litm_points(curve_rows: Iterable[Cell], variant: str, m: int
-                 ) -> tuple[list[float], list[float], list[float], list[float]]:
-    """(relative position, accuracy, lower error, upper error) of one variant's curve at m
-    records; positions whose cells are all N/A are left out."""
-    groups: dict[float, list[Cell]] = defaultdict(list)
-    for r in curve_rows:
-        pos = finite_int(r.get("gold_position"))
-        if _variant(r) != variant or finite_int(r.get("n_records")) != m or pos is None:
-            continue
-        groups[pos / (m - 1) if m > 1 else 0.0].append(r)
-    xs, ys, lo_err, hi_err = [], [], [], []
-    for x in sorted(groups):
-        y = _ok_mean(groups[x])
-        if y is None:
-            continue
-        lo, hi = _ok_mean(groups[x], "ci_low"), _ok_mean(groups[x], "ci_high")
-        xs.append(x)
-        ys.append(y)
-        lo_err.append(max(0.0, y - lo) if lo is not None else 0.0)
-        hi_err.append(max(0.0, hi - y) if hi is not None else 0.0)
-    return xs, ys, lo_err, hi_err
-
-
-def _litm_reference_lines(ax: Any, rows: Sequence[Cell], curve_rows: Sequence[Cell],
-                          colour: Mapping[int, Any]) -> bool:
-    """Oracle / closed-book means, per-m copy-any-value and chance as horizontal lines; True
-    when an oracle or closed-book mean was drawn."""
-    plotted = False
-    for variant, c, ls in (("oracle", "black", "-."), ("closed_book", "dimgray", "--")):
-        mean = _ok_mean([r for r in rows if _variant(r) == variant])
-        if mean is not None:
-            plotted = True
-            ax.axhline(mean, color=c, linestyle=ls, linewidth=1.4,
-                       label=f"{variant} (mean {mean:.2f})")
-    for m, c in colour.items():
-        vals = _first_values((r for r in curve_rows if finite_int(r.get("n_records")) == m),
-                             "copy_any_value")
-        if vals:
-            ax.axhline(vals[0], color=c, linestyle=":", linewidth=1.6,
-                       label=f"copy-any-value, m={m} ({vals[0]:.3f})")
-    chances = _first_values(rows, "chance")
-    if len(chances) == 1:
-        ax.axhline(chances[0], color="silver", linestyle=(0, (1, 3)), linewidth=1.4,
-                   label=f"chance ({chances[0]:.3f})")
-        return plotted
-    for m, c in colour.items():
-        vals = _first_values((r for r in rows if finite_int(r.get("n_records")) == m), "chance")
-        if vals:
-            ax.axhline(vals[0], color=c, linestyle=(0, (1, 3)), linewidth=1.0,
-                       alpha=0.7, label=f"chance, m={m} ({vals[0]:.3f})")
-    return plotted
-
-
-def plot_litm(cells: Iterable[Cell], path: str | os.PathLike[str], *, title: str = "") -> Path:
-    """Lost-in-the-middle accuracy against relative gold position, one colour per m.
-
-    kv_records solid, query_aware dashed, Wilson 95% error bars; oracle / closed_book means,
-    per-m copy-any-value and chance as horizontal reference lines (Liu et al. 2023, "Lost in
-    the Middle", arXiv 2307.03172)."""
-    rows = _select(cells, "litm")
-    curve_rows = [r for r in rows if _variant(r) in _LITM_CURVES]
-    ms = sorted({m for r in curve_rows if (m := finite_int(r.get("n_records"))) is not None})
-    colour = dict(zip(ms, colours(len(ms))))
-
-    fig = new_figure((8.8, 4.8))
-    ax = fig.subplots()
-    plotted = False
-    for variant in _LITM_CURVES:
-        ls, marker, dx = _LITM_STYLE[variant]
-        for m in ms:
-            xs, ys, lo_err, hi_err = _litm_points(curve_rows, variant, m)
-            if not xs:
-                continue
-            plotted = True
-            ax.errorbar([x + dx for x in xs], ys, yerr=[lo_err, hi_err], color=colour[m],
-                        linestyle=ls, marker=marker, markersize=5, linewidth=1.8, capsize=3,
-                        elinewidth=1, label=f"{variant}, m={m}")
-    plotted = _litm_reference_lines(ax, rows, curve_rows, colour) or plotted
-
-    if not plotted:
-        no_data(ax, "no accuracy to plot (all cells N/A)")
-    ax.set_xlim(-0.05, 1.05)
-    ax.set_ylim(0.0, 1.05)
-    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0\n(first)", "0.25", "0.5", "0.75", "1\n(last)"])
-    ax.set_xlabel("relative gold position  gold_position / (m − 1)")
-    ax.set_ylabel("accuracy (Wilson 95% CI)")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    ax.set_title(title or "Lost in the middle: accuracy by gold-record position", fontsize=12)
-    return save_png(fig, path)
+    ax.set_title(f"{heading}\n{title}" if title else heading, fontsize=10)
+    return fig
 
 
 # --------------------------------------------------------------------------- perplexity
@@ -409,7 +295,7 @@ def _ppl_curve(rows: Sequence[Cell], variant: str, lengths: Sequence[int]) -> li
     """Mean perplexity of ``variant`` at each length; NaN (a break in the line) where N/A."""
     ys = []
     for n in lengths:
-        grp = [r for r in rows if _variant(r) == variant and finite_int(r.get("length")) == n
+        grp = [r for r in rows if variant_of(r) == variant and finite_int(r.get("length")) == n
                and not _is_na(r, "ppl")]
         vals = [p for r in grp if (p := finite_float(r.get("ppl"))) is not None and p > 0]
         ys.append(_mean(vals) if vals else math.nan)
@@ -418,15 +304,21 @@ def _ppl_curve(rows: Sequence[Cell], variant: str, lengths: Sequence[int]) -> li
 
 def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
                     train_length: int | None, title: str = "") -> Path:
+    """:func:`perplexity_figure`, saved as a PNG at ``path``."""
+    return save_png(perplexity_figure(cells, train_length=train_length, title=title), path)
+
+
+def perplexity_figure(cells: Iterable[Cell], *, train_length: int | None,
+                      title: str = "") -> Any:
     """Perplexity against context length (log2 x, log y), one line per variant; N/A points
     (ppl None) are skipped and break the line; dashed vertical line at the training length."""
     from matplotlib.ticker import NullFormatter, NullLocator
 
-    rows = _select(cells, "perplexity")
+    rows = select(cells, "perplexity")
     lengths = sorted({n for r in rows if (n := finite_int(r.get("length"))) is not None and n > 0})
     if not lengths:
         raise ValueError("perplexity cells carry no positive 'length' to plot")
-    variants = list(dict.fromkeys(_variant(r) for r in rows))
+    variants = list(dict.fromkeys(variant_of(r) for r in rows))
     markers = "osD^vP*X"
 
     fig = new_figure((7.5, 4.6))
@@ -462,4 +354,4 @@ def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=9, loc="best")
     ax.set_title(title or "Perplexity by context length", fontsize=12)
-    return save_png(fig, path)
+    return fig

@@ -1,16 +1,16 @@
 """Run a probe spec on a backend: build the cells, score every item in batches, aggregate, and
 write the long-form CSV, the JSON summary and the PNGs (docs/probes.md, "Grids and reports").
 
-This module only orchestrates; each job has its own module:
+This module only orchestrates, iterating over the probe kinds (``blocklab.eval.kinds``: one
+component per kind, blocklab's and registered ones) without naming any; each job has its own
+module:
 
-- ``blocklab.eval.items`` (token space) / ``blocklab.eval.textspace`` build the cells and items
-  (needles, lost in the middle, multi-key / multi-value / multi-query needles, variable
-  tracking, aggregation);
+- each kind builds its cells and items on the token-space builder (``blocklab.eval.items``) or
+  the text-space one (``blocklab.eval.textspace``), and makes its summary;
 - ``blocklab.eval.scoring`` scores each item (argmax accuracy, greedy exact match, log-prob,
   margin over the best other in-context answer, gold rank, the copy-any-value shortcut);
-- ``blocklab.eval.aggregate`` turns the scores into cell rows with Wilson 95% intervals and the
-  per-probe summaries (accuracy within / beyond the training length, effective context length
-  with its threshold and rule, the lost-in-the-middle curve shape);
+- ``blocklab.eval.aggregate`` turns the scores into cell rows with Wilson 95% intervals and
+  holds the statistics the kinds' summaries use;
 - ``blocklab.eval.perplexity`` measures perplexity against evaluation length;
 - ``blocklab.eval.report`` writes the report folder and formats the printed table.
 
@@ -21,49 +21,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from blocklab.config import ProbeSpec
-from blocklab.eval.aggregate import (
-    aggregation_summary,
-    cell_row,
-    hops_summary,
-    litm_summary,
-    multi_needle_summary,
-    needle_summary,
-)
-from blocklab.eval.items import Cell, lengths_of
+from blocklab.eval.aggregate import cell_row
+from blocklab.eval.items import Cell, NotApplicable, ProbeResult, lengths_of
+from blocklab.eval.kinds import kinds
 from blocklab.eval.perplexity import perplexity_rows
 from blocklab.eval.report import format_report, write
 from blocklab.eval.scoring import _batches, score_items
 from blocklab.progress import Progress
 
-
-@dataclass
-class ProbeResult:
-    """Scored cells (one row each), per-example rows, the summary, and where files went."""
-
-    cells: list[dict[str, Any]]
-    examples: list[dict[str, Any]]
-    summary: dict[str, Any]
-    out_dir: Path | None = None
-    files: dict[str, str] = field(default_factory=dict)
+__all__ = ["ProbeResult", "run_spec"]
 
 
 def _build(builder, spec: ProbeSpec, train_length: int, max_length: int | None) -> list[Cell]:
+    """The cells of every enabled kind, kind by kind in the registry's order."""
     cells: list[Cell] = []
-    if spec.needle.enabled:
-        cells += builder.needle_cells(spec, train_length, max_length)
-    if spec.litm.enabled:
-        cells += builder.litm_cells(spec, max_length)
-    if spec.multi_needle.enabled:
-        cells += builder.multi_needle_cells(spec, train_length, max_length)
-    if spec.hops.enabled:
-        cells += builder.hops_cells(spec, train_length, max_length)
-    if spec.aggregation.enabled:
-        cells += builder.aggregation_cells(spec, train_length, max_length)
+    for kind in kinds():
+        if kind.configured(spec) and kind.settings(spec).enabled:
+            cells += kind.cells(builder, spec, train_length, max_length)
     return cells
 
 
@@ -77,8 +55,8 @@ def _cell_rows(cells: list[Cell], scored: list[dict[str, Any]]) -> list[dict[str
 
 
 def _perplexity(backend, spec: ProbeSpec, builder, train_length: int) -> list[dict[str, Any]]:
-    """Perplexity rows (decoders only); an "n/a: ..." from the stream builder marks every row
-    N/A with that reason instead of failing the run."""
+    """Perplexity rows (decoders only); :class:`NotApplicable` from the stream builder marks
+    every row N/A with its reason instead of failing the run."""
     if not (spec.perplexity.enabled and backend.supports_perplexity):
         return []
     p = spec.perplexity
@@ -87,11 +65,9 @@ def _perplexity(backend, spec: ProbeSpec, builder, train_length: int) -> list[di
         stream, bos = builder.stream(spec, p.tokens + 2 * max(lens))
         return perplexity_rows(backend, stream, bos, lens, p.tokens, p.stride,
                                batch_tokens=spec.batch_size * train_length)
-    except ValueError as e:
-        if not str(e).startswith("n/a"):
-            raise
+    except NotApplicable as e:
         return [{"probe": "perplexity", "variant": mode, "length": length, "n": 0,
-                 "nll": None, "ppl": None, "status": str(e)}
+                 "nll": None, "ppl": None, "status": e.status}
                 for length in lens for mode in ("nonoverlapping", "sliding")]
 
 
@@ -133,11 +109,9 @@ def run_spec(backend, spec: ProbeSpec, *, builder, train_length: int, keys: dict
         "train_length": train_length, "max_length": max_length, "space": builder.space,
         "n_examples": len(scored), "seconds": round(time.perf_counter() - t0, 2),
         "build_seconds": round(t_build, 2),
-        "needle": needle_summary(rows, scored, train_length, spec.threshold),
-        "litm": litm_summary(rows),
-        "multi_needle": multi_needle_summary(rows),
-        "hops": hops_summary(rows, scored),
-        "aggregation": aggregation_summary(rows),
+        **{kind.name: kind.summary(rows, scored, train_length=train_length,
+                                   threshold=spec.threshold)
+           for kind in kinds() if kind.configured(spec)},
         "perplexity": [{k: r[k] for k in ("variant", "length", "n", "nll", "ppl", "status")}
                        for r in ppl_rows],
     }

@@ -10,9 +10,13 @@ haystack is sized in the model's own tokens so that the needle and the question 
 truncated — a length too short for them is N/A. BOS is added once, at the very start.
 
 The multi-needle, variable-tracking and aggregation probes (after RULER, arXiv 2404.06654)
-share one body (``_scatter``): statements at depths drawn uniformly per item, each inserted at
-the sentence boundary nearest its depth, every statement and value checked to occur exactly as
-often as it was placed, and each statement's actual token depth recorded.
+share one body (:meth:`TextBuilder.scatter`): statements at depths drawn uniformly per item,
+each inserted at the sentence boundary nearest its depth, every statement and value checked to
+occur exactly as often as it was placed, and each statement's actual token depth recorded.
+
+This module holds what the kinds share — the tokenizer wrapper, the haystack, the joint
+tokenization, the layout of statements, the cell — and each probe kind
+(``blocklab.eval.kinds``) renders its own cells with it.
 """
 
 from __future__ import annotations
@@ -20,17 +24,14 @@ from __future__ import annotations
 import bisect
 import random
 import re
-import string
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from blocklab.config import COUNTING_MAX_COUNT, MULTI_NEEDLE_VARIANTS, ProbeSpec
-from blocklab.config.checks import require
+from blocklab.config import ProbeSpec
 from blocklab.data.synthetic import example_rng
-from blocklab.eval.items import Cell, ProbeItem, fits, lengths_of, needle_grid
+from blocklab.eval.items import Cell, NotApplicable, ProbeItem, fits
 
 # Plain, number-free filler sentences (the "essay" haystack): varied, unremarkable, and unable to
 # be confused with a needle.
@@ -88,20 +89,6 @@ KEYS = ("Alice", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", 
 MULTI_KEYS = tuple(k for k in KEYS if not any(o != k and o.startswith(k) for o in KEYS))
 VALUES = range(10000, 100000)  # needle and chain-root values: random 5-digit numbers
 
-# Question templates of the new probe kinds (the needle sentence is ``probes.text.needle``). None
-# states how many answers there are.
-MULTI_VALUE_QUESTION = "What are all the special magic numbers for {key}?"
-MULTI_VALUE_PREFIX = "The special magic numbers for {key} are"
-MULTI_QUERY_QUESTION = "What are the special magic numbers for {keys}?"
-MULTI_QUERY_PREFIX = "The special magic numbers for {keys} are"
-HOP_ROOT = "VAR {name} = {value}."
-HOP_LINK = "VAR {name} = VAR {parent}."
-HOP_QUESTION = "What is the value of VAR {name}?"
-HOP_PREFIX = "The value of VAR {name} is"
-WORD_STATEMENT = "The word of the day is {word}."
-WORD_QUESTION = "Which word of the day was named most often?"
-WORD_PREFIX = "The word of the day named most often is"
-
 # Aggregation candidates: distinct lower-case nouns, none inside another; the builder drops any
 # that occur (even inside a word) in its haystack, so a candidate is only ever counted where it
 # was placed.
@@ -120,7 +107,7 @@ def draw_depth(rng: random.Random) -> float:
     return rng.random()
 
 
-def _and(names: list[str]) -> str:
+def join_and(names: list[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
@@ -182,8 +169,10 @@ def haystack_sentences(source: str) -> list[str]:
 
 
 class TextBuilder:
-    """Renders needle, lost-in-the-middle, multi-needle, variable-tracking (hops) and
-    aggregation cells in text for ``tokenizer``."""
+    """The shared pieces every probe kind renders its text-space cells with, for
+    ``tokenizer``: the haystack (``sentences``, :meth:`hay`), the prompt's head and tail,
+    joint tokenization, one-needle items (:meth:`item`), scattered statements
+    (:meth:`scatter`, :meth:`probe_item`) and N/A-aware cells (:meth:`cell`)."""
 
     space = "text"
 
@@ -192,25 +181,25 @@ class TextBuilder:
         self.tok, self.t = tokenizer, spec.text
         self.sentences = haystack_sentences(self.t.haystack)
         self.chat = chat  # (user message, assistant prefix) -> prompt text, when enabled
-        self._hay_text = " ".join(self.sentences)
-        low = self._hay_text.lower()
+        self.hay_text = " ".join(self.sentences)
+        low = self.hay_text.lower()
         # aggregation candidates that never occur in the haystack, not even inside a word
         self.words = [w for w in WORDS if w not in low]
-        self._sentence_tokens: dict[str, int] = {}
+        self.sentence_tokens: dict[str, int] = {}
 
     # ------------------------------------------------------------------------ shared pieces
-    def _head(self) -> list[int]:
+    def head(self) -> list[int]:
         return [self.tok.bos] if self.t.add_bos and self.tok.bos is not None else []
 
-    def _ntok(self, text: str) -> int:
+    def ntok(self, text: str) -> int:
         return len(self.tok.encode(text)[0])
 
-    def _tail(self, question: str, prefix: str, context: str) -> str:
+    def tail(self, question: str, prefix: str, context: str) -> str:
         if self.chat is not None:
             return self.chat(context + "\n\n" + question, prefix)
         return context + "\n\n" + question + " " + prefix
 
-    def _joint(self, prompt_text: str, answer_text: str) -> tuple[list[int], list[int], list]:
+    def joint(self, prompt_text: str, answer_text: str) -> tuple[list[int], list[int], list]:
         """Tokenize prompt + answer once; split at the prompt's end (refusing a token that
         straddles it)."""
         ids, offsets = self.tok.encode(prompt_text + answer_text)
@@ -222,10 +211,10 @@ class TextBuilder:
                              "space or punctuation")
         return ids[:n_prompt], ids[n_prompt:], offsets[:n_prompt]
 
-    def _item(self, key: dict[str, Any], text: str, gold: str, others: list[str],
+    def item(self, key: dict[str, Any], text: str, gold: str, others: list[str],
               marker: str | None, meta: dict[str, Any]) -> ProbeItem:
         answer_text = " " + gold if not text.endswith(('"', " ")) else gold
-        prompt, answer, offsets = self._joint(text, answer_text)
+        prompt, answer, offsets = self.joint(text, answer_text)
         want = 1 if others or marker is not None or meta.get("n_records", 1) else 0
         if text.count(gold) != want:  # exactly once; never in a closed-book prompt
             raise AssertionError(f"answer {gold!r} occurs {text.count(gold)} times in the "
@@ -233,157 +222,42 @@ class TextBuilder:
         # Multi-token alternatives each cost a forward pass: score the first few in context
         # order (the margin is then over the best of those).
         others = others[: self.t.margin_candidates]
-        cands = [answer] + [self._joint(text, answer_text.replace(gold, o))[1] for o in others]
-        head = self._head()
+        cands = [answer] + [self.joint(text, answer_text.replace(gold, o))[1] for o in others]
+        head = self.head()
         if marker is not None:
             assert text.count(marker) == 1, "the needle must occur exactly once"
             start = text.index(marker)
             at = next(i for i, (s, e) in enumerate(offsets) if e > start)
-            span = self._ntok(marker)
+            span = self.ntok(marker)
             meta = {**meta, "needle_token": at + len(head),
-                    "actual_depth": at / max(1, self._context_tokens - span),
+                    "actual_depth": at / max(1, self.context_tokens - span),
                     "distance": len(prompt) - at}
         return ProbeItem(cell=key, prompt=head + prompt, answer=answer, candidates=cands, gold=0,
                          answer_text=gold, meta={"n_tokens": len(head) + len(prompt) + len(answer),
                                                  **meta})
 
-    # ----------------------------------------------------------------------------- needle
-    def needle_cells(self, spec: ProbeSpec, train_length: int, max_length: int | None
-                     ) -> list[Cell]:
-        cells = []
-        for nd, length, depth, key in needle_grid(spec, train_length):
-            cell = Cell(key, [], fits(length, max_length), copy_any_value=1 / (nd + 1),
-                        chance=1 / 90000)  # 5-digit values
-            if cell.na is None:
-                salt = f"probe:text-needle:{nd}:{length}:{depth}"
-                try:
-                    cell.items = [self._needle(example_rng(spec.seed, i, salt), key, length,
-                                               depth, nd) for i in range(spec.needle.n)]
-                except _TooShort as e:
-                    cell.na = str(e)
-            cells.append(cell)
-        return cells
-
-    def _needle(self, rng: random.Random, key: dict[str, Any], length: int, depth: float,
-                nd: int) -> ProbeItem:
-        t = self.t
-        names = rng.sample(KEYS, nd + 1)
-        values = [str(v) for v in rng.sample(range(10000, 100000), nd + 1)]
-        needles = [t.needle.format(key=k, value=v) for k, v in zip(names, values)]
-        question = t.question.format(key=names[0])
-        prefix = t.answer_prefix.format(key=names[0])
-        fixed = (self._ntok(" ".join(needles)) + self._ntok(self._tail(question, prefix, ""))
-                 + 3 + len(self._head()))  # + answer tokens (a 5-digit value: ~2-3 tokens)
-        budget = length - fixed
-        if budget < 4:
-            raise _TooShort(f"n/a: length {length} too short for the needles and the question "
-                            f"(needs > {fixed + 4} tokens)")
-        hay = self._hay(rng, budget)
-        for _ in range(50):
-            if len(hay) < 2:  # no haystack to hide a needle in: not a probe at this length
-                break
-            text, marker = self._insert(rng, hay, needles, depth)
-            item = self._item(key, self._tail(question, prefix, text), values[0], values[1:],
-                              marker, {"n_distractors": nd})
-            if item.meta["n_tokens"] <= length:
-                return item
-            hay = hay[:-1]  # one sentence too many: drop one and rebuild (never the needle)
-        raise _TooShort(f"n/a: length {length} leaves no haystack around the needles and the "
-                        "question")
-
-    def _hay(self, rng: random.Random, budget: int) -> list[str]:
+    def hay(self, rng: random.Random, budget: int) -> list[str]:
         """Consecutive sentences from a random start (wrapping), up to ``budget`` tokens."""
         out, used, start = [], 0, rng.randrange(len(self.sentences))
         i = 0
         while True:
             s = self.sentences[(start + i) % len(self.sentences)]
-            n = self._sent_ntok(s)
+            n = self.sent_ntok(s)
             if used + n > budget:
                 return out
             out.append(s)
             used += n
             i += 1
 
-    def _insert(self, rng: random.Random, hay: list[str], needles: list[str], depth: float
-                ) -> tuple[str, str]:
-        """Insert the gold needle at the sentence boundary nearest ``depth`` of the haystack's
-        tokens, distractors at other random boundaries; return (text, gold needle)."""
-        bounds = [0]
-        for s in hay:
-            bounds.append(bounds[-1] + self._ntok(" " + s))
-        total = bounds[-1]
-        gold_slot = min(range(len(bounds)), key=lambda b: abs(bounds[b] - depth * total))
-        free = [b for b in range(len(bounds)) if b != gold_slot] or [gold_slot]
-        slots = {gold_slot: [needles[0]]}
-        for n in needles[1:]:
-            slots.setdefault(rng.choice(free), []).append(n)
-        parts = []
-        for b in range(len(bounds)):
-            parts += slots.get(b, [])
-            if b < len(hay):
-                parts.append(hay[b])
-        self._context_tokens = self._ntok(" ".join(parts))
-        return " ".join(parts), needles[0]
-
-    # ------------------------------------------------------------------- lost in the middle
-    def litm_cells(self, spec: ProbeSpec, max_length: int | None) -> list[Cell]:
-        p = spec.litm
-        cells = []
-        for m in p.n_records:
-            golds = sorted({round(g * (m - 1)) for g in p.gold})
-            for variant in ("kv_records", "query_aware") if p.query_aware else ("kv_records",):
-                for j in golds:
-                    key = {"probe": "litm", "variant": variant, "n_records": m,
-                           "gold_position": j}
-                    salt = f"probe:text-litm:{variant}:{m}:{j}"
-                    items = [self._records(example_rng(spec.seed, i, salt), key, m, j,
-                                           variant == "query_aware") for i in range(p.n)]
-                    length = max(it.meta["n_tokens"] for it in items)
-                    cell = Cell({**key, "length": length}, [], fits(length, max_length),
-                                copy_any_value=1 / m, chance=16.0 ** -8)
-                    if cell.na is None:
-                        cell.items = items
-                        for it in items:
-                            it.cell = cell.key
-                    cells.append(cell)
-        if p.baselines:
-            for variant, m in (("closed_book", 0), ("oracle", 1)):
-                key = {"probe": "litm", "variant": variant, "n_records": m, "gold_position": None}
-                items = [self._records(example_rng(spec.seed, i, f"probe:text-litm:{variant}"),
-                                       key, m, 0, False) for i in range(p.n)]
-                cell = Cell({**key, "length": max(it.meta["n_tokens"] for it in items)}, items,
-                            None, copy_any_value=1.0 if m else None, chance=16.0 ** -8)
-                for it in items:
-                    it.cell = cell.key
-                cells.append(cell)
-        return cells
-
-    def _records(self, rng: random.Random, key: dict[str, Any], m: int, j: int,
-                 query_aware: bool) -> ProbeItem:
-        t = self.t
-        n = max(m, 1)
-        keys = [f"{rng.getrandbits(32):08x}" for _ in range(n)]
-        values = [f"{rng.getrandbits(32):08x}" for _ in range(n)]
-        question = t.record_question.format(key=keys[j])
-        prefix = t.record_answer_prefix.format(key=keys[j])
-        records = ",\n".join(t.record.format(key=k, value=v) for k, v in zip(keys, values))
-        context = ("{\n" + records + "\n}") if m else ""
-        if query_aware:
-            context = question + "\n" + context
-        self._context_tokens = self._ntok(context)
-        others = [v for i, v in enumerate(values) if i != j] if m else []
-        return self._item(key, self._tail(question, prefix, context), values[j], others, None,
-                          {"n_records": m})
-
     # ------------------------------------------------- statements scattered through a haystack
-    def _sent_ntok(self, sentence: str) -> int:
+    def sent_ntok(self, sentence: str) -> int:
         """Tokens of a haystack sentence after its separating space (cached)."""
-        n = self._sentence_tokens.get(sentence)
+        n = self.sentence_tokens.get(sentence)
         if n is None:
-            n = self._sentence_tokens[sentence] = self._ntok(" " + sentence)
+            n = self.sentence_tokens[sentence] = self.ntok(" " + sentence)
         return n
 
-    def _place(self, hay: list[str], stmts: list[str], depths: list[float]
+    def place(self, hay: list[str], stmts: list[str], depths: list[float]
                ) -> tuple[str, list[int]]:
         """Insert each statement at the sentence boundary nearest its depth (a fraction of the
         haystack's tokens); statements sharing a boundary keep the order of their depths (ties:
@@ -391,7 +265,7 @@ class TextBuilder:
         order. Returns the context and each statement's character offset in it."""
         bounds = [0]
         for s in hay:
-            bounds.append(bounds[-1] + self._sent_ntok(s))
+            bounds.append(bounds[-1] + self.sent_ntok(s))
         total = bounds[-1]
         at: dict[int, list[int]] = {}
         for i in sorted(range(len(stmts)), key=lambda i: (depths[i], i)):
@@ -410,36 +284,36 @@ class TextBuilder:
                 pos += len(hay[b]) + 1
         return " ".join(parts), chars
 
-    def _scatter(self, rng: random.Random, length: int, stmts: list[str], depths: list[float],
-                 question: str, prefix: str, answer: str) -> _Layout:
+    def scatter(self, rng: random.Random, length: int, stmts: list[str], depths: list[float],
+                 question: str, prefix: str, answer: str) -> Layout:
         """The shared body of the multi-needle, hops and aggregation items: a haystack sized in
         the model's tokens around ``stmts`` (placed by :meth:`_place`), question and answer
         prefix after it, the answer tokenized jointly, each statement located through the
         offset mapping. Sentences are dropped from the haystack (never a statement, never the
-        question) until prompt + answer fit ``length``; ``_TooShort`` when they cannot."""
-        head = len(self._head())
-        tail = self._tail(question, prefix, "")
+        question) until prompt + answer fit ``length``; ``NotApplicable`` when they cannot."""
+        head = len(self.head())
+        tail = self.tail(question, prefix, "")
         answer_text = (answer if tail.endswith(('"', " ")) else " " + answer)
-        fixed = (self._ntok(" ".join(stmts)) + self._ntok(tail) + self._ntok(answer_text)
+        fixed = (self.ntok(" ".join(stmts)) + self.ntok(tail) + self.ntok(answer_text)
                  + head)
         if length - fixed < 4:
-            raise _TooShort(f"n/a: length {length} too short for the {len(stmts)} statements, "
-                            f"the question and the answer (needs > {fixed + 4} tokens)")
-        hay = self._hay(rng, length - fixed)
+            raise NotApplicable(f"length {length} too short for the {len(stmts)} statements, "
+                                f"the question and the answer (needs > {fixed + 4} tokens)")
+        hay = self.hay(rng, length - fixed)
         while len(hay) >= 2:  # fewer: no haystack to hide statements in, not a probe
-            context, chars = self._place(hay, stmts, depths)
-            text = self._tail(question, prefix, context)
-            prompt, ans, offsets = self._joint(text, answer_text)
+            context, chars = self.place(hay, stmts, depths)
+            text = self.tail(question, prefix, context)
+            prompt, ans, offsets = self.joint(text, answer_text)
             if head + len(prompt) + len(ans) <= length:
                 return self._locate(text, context, chars, stmts, prompt, ans, offsets,
                                     answer_text)
             hay = hay[:-1]  # one sentence too many: drop one and rebuild
-        raise _TooShort(f"n/a: length {length} leaves no haystack around the {len(stmts)} "
-                        "statements and the question")
+        raise NotApplicable(f"length {length} leaves no haystack around the {len(stmts)} "
+                            "statements and the question")
 
     def _locate(self, text: str, context: str, chars: list[int], stmts: list[str],
                 prompt: list[int], answer: list[int], offsets: list, answer_text: str
-                ) -> _Layout:
+                ) -> Layout:
         """Token index (in the prompt, BOS included) and actual token depth of each statement:
         its first token (through the offset mapping) over the context's tokens, so the first
         boundary is depth 0 and the last is depth 1."""
@@ -448,24 +322,24 @@ class TextBuilder:
         starts = [s for s, _ in offsets]
         first = bisect.bisect_right(ends, base)  # the context's first token
         n_ctx = bisect.bisect_left(starts, base + len(context)) - first
-        head = len(self._head())
+        head = len(self.head())
         tokens, depths = [], []
         for c, s in zip(chars, stmts):
             at = bisect.bisect_right(ends, base + c)
             span = bisect.bisect_left(starts, base + c + len(s)) - at
             tokens.append(at + head)
             depths.append((at - first) / max(1, n_ctx - span))
-        return _Layout(text, prompt, answer, answer_text, tokens, depths)
+        return Layout(text, prompt, answer, answer_text, tokens, depths)
 
-    def _alternatives(self, lay: _Layout, alts: list[str]) -> list[list[int]]:
+    def _alternatives(self, lay: Layout, alts: list[str]) -> list[list[int]]:
         """Other in-context answers, each tokenized jointly with the prompt (the first
         ``margin_candidates`` of them: each costs a forward pass)."""
         lead = lay.answer_text[: len(lay.answer_text) - len(lay.answer_text.lstrip(" "))]
-        return [self._joint(lay.text, lead + a)[1] for a in alts[: self.t.margin_candidates]]
+        return [self.joint(lay.text, lead + a)[1] for a in alts[: self.t.margin_candidates]]
 
-    def _probe_item(self, key: dict[str, Any], lay: _Layout, golds: list[str],
+    def probe_item(self, key: dict[str, Any], lay: Layout, golds: list[str],
                     alts: list[str], meta: dict[str, Any], *, multi: bool) -> ProbeItem:
-        head = self._head()
+        head = self.head()
         prompt = head + lay.prompt
         return ProbeItem(cell=key, prompt=prompt, answer=lay.answer,
                          candidates=[lay.answer, *self._alternatives(lay, alts)], gold=0,
@@ -474,12 +348,12 @@ class TextBuilder:
                          meta={"n_tokens": len(prompt) + len(lay.answer), **meta})
 
     @staticmethod
-    def _count(text: str, what: str, want: int) -> None:
+    def count(text: str, what: str, want: int) -> None:
         if text.count(what) != want:
             raise AssertionError(f"{what!r} occurs {text.count(what)} times in the prompt "
                                  f"(expected {want})")
 
-    def _cell(self, key: dict[str, Any], length: int, max_length: int | None, n: int,
+    def cell(self, key: dict[str, Any], length: int, max_length: int | None, n: int,
               seed: int, salt: str, make: Callable[[random.Random], ProbeItem], *,
               copy_any_value: float, chance: float) -> Cell:
         """``n`` items ``make(example_rng(seed, i, salt))``; N/A (with the reason) when the
@@ -489,219 +363,9 @@ class TextBuilder:
         if cell.na is None:
             try:
                 cell.items = [make(example_rng(seed, i, salt)) for i in range(n)]
-            except _TooShort as e:
-                cell.na = str(e)
+            except NotApplicable as e:
+                cell.na = e.status
         return cell
-
-    # ------------------------------------------------------------------------ multi-needle
-    def multi_needle_cells(self, spec: ProbeSpec, train_length: int, max_length: int | None
-                           ) -> list[Cell]:
-        """RULER's multi-key, multi-value and multi-query needles (arXiv 2404.06654, Sec. 3)
-        in the needle sentence ``probes.text.needle``, every needle at its own uniform depth,
-        drawn per item; keys and values distinct within an item. Cells: variant × length.
-
-        - ``multikey``: ``keys`` needles, one key asked (``probes.text.question``);
-        - ``multivalue``: each of ``keys`` keys carries ``values`` values (``keys × values``
-          needles, so the asked key is not the only repeated one); one key asked, the gold
-          continuation lists its values in their order of appearance;
-        - ``multiquery``: ``keys`` needles, ``queries`` keys asked at once, the gold
-          continuation lists their values in the order asked.
-
-        Several answers: ``answer_texts`` holds each value (the scorer requires every one in
-        the generation and reports the share found), ``answer_text`` and ``answer`` the values
-        joined by ", ". Candidates, gold first, as in the token-space builder: every key's value
-        (multikey); every key's run of values, keys in order of appearance (multivalue); the
-        asked keys' values shifted by s = 0 … keys − 1 places in the order of appearance
-        (multiquery). Copy line: answering with a random one of them, 1/keys. Meta: ``depths``
-        and ``needle_tokens`` of every needle in order of appearance, ``gold_depths`` and
-        ``gold_tokens`` of the answer's needles in answer order, ``actual_depth`` (the first
-        answer's) and ``distance`` (farthest answer needle to the prompt's end)."""
-        p = spec.multi_needle
-        bad = [v for v in p.variants if v not in MULTI_NEEDLE_VARIANTS]
-        require(not bad, "probes.multi_needle.variants", list(p.variants),
-                f"each one of {', '.join(MULTI_NEEDLE_VARIANTS)}")
-        require(1 <= p.keys <= len(MULTI_KEYS), "probes.multi_needle.keys", p.keys,
-                f"the text builder has {len(MULTI_KEYS)} distinct key names (1..{len(MULTI_KEYS)})")
-        require(p.values >= 1, "probes.multi_needle.values", p.values, "must be >= 1")
-        require(1 <= p.queries <= p.keys, "probes.multi_needle.queries", p.queries,
-                f"must be in 1..keys ({p.keys})")
-        cells = []
-        for variant in p.variants:
-            n_answers = {"multikey": 1, "multivalue": p.values, "multiquery": p.queries}[variant]
-            for length in lengths_of(p.lengths, train_length):
-                key = {"probe": "multi_needle", "variant": variant, "length": length}
-                make = partial(self._multi_needle, key=key, p=p, variant=variant, length=length)
-                cells.append(self._cell(key, length, max_length, p.n, spec.seed,
-                                        f"probe:text-multi_needle:{variant}:{length}", make,
-                                        copy_any_value=1 / p.keys,
-                                        chance=len(VALUES) ** -n_answers))
-        return cells
-
-    def _multi_needle(self, rng: random.Random, *, key: dict[str, Any], p, variant: str,
-                      length: int) -> ProbeItem:
-        t = self.t
-        per_key = p.values if variant == "multivalue" else 1
-        names = rng.sample(MULTI_KEYS, p.keys)  # names[0], names[1], ...: random keys
-        n = p.keys * per_key
-        values = [str(v) for v in rng.sample(VALUES, n)]
-        of = [i // per_key for i in range(n)]  # needle -> its key
-        stmts = [t.needle.format(key=names[of[i]], value=values[i]) for i in range(n)]
-        depths = [draw_depth(rng) for _ in range(n)]
-        seen = sorted(range(n), key=lambda i: (depths[i], i))  # order of appearance
-        key_order = list(dict.fromkeys(of[i] for i in seen))
-        run = {k: [i for i in seen if of[i] == k] for k in key_order}  # needles of each key
-        if variant == "multiquery":
-            asked = list(range(p.queries))  # keys asked, in the order asked
-            pos = [key_order.index(k) for k in asked]
-            answers = [[run[key_order[(a + s) % p.keys]][0] for a in pos]
-                       for s in range(p.keys)]
-            keys = _and([names[k] for k in asked])
-            question = MULTI_QUERY_QUESTION.format(keys=keys)
-            prefix = MULTI_QUERY_PREFIX.format(keys=keys)
-        else:
-            answers = [run[0]] + [run[k] for k in key_order if k != 0]
-            if variant == "multikey":
-                question, prefix = (t.question.format(key=names[0]),
-                                    t.answer_prefix.format(key=names[0]))
-            else:
-                question, prefix = (MULTI_VALUE_QUESTION.format(key=names[0]),
-                                    MULTI_VALUE_PREFIX.format(key=names[0]))
-        golds = [values[i] for i in answers[0]]
-        lay = self._scatter(rng, length, stmts, depths, question, prefix, ", ".join(golds))
-        for s in stmts:
-            self._count(lay.text, s, 1)
-        for v in values:  # every value once: in its needle, never in the question
-            self._count(lay.text, v, 1)
-        far = min(lay.tokens[i] for i in answers[0])
-        return self._probe_item(
-            key, lay, golds, [", ".join(values[i] for i in a) for a in answers[1:]], {
-                "depths": [lay.depths[i] for i in seen],
-                "needle_tokens": [lay.tokens[i] for i in seen],
-                "gold_depths": [lay.depths[i] for i in answers[0]],
-                "gold_tokens": [lay.tokens[i] for i in answers[0]],
-                "actual_depth": lay.depths[answers[0][0]],
-                "distance": len(lay.prompt) + len(self._head()) - far},
-            multi=variant != "multikey")
-
-    # ------------------------------------------------------------------ variable tracking
-    def hops_cells(self, spec: ProbeSpec, train_length: int, max_length: int | None
-                   ) -> list[Cell]:
-        """Variable tracking (RULER, arXiv 2404.06654): a chain of ``h`` assignments — ``VAR A
-        = 12345.`` (the root), then ``VAR B = VAR A.`` … — and ``distractor_chains`` other
-        chains of the same shape (disjoint names and values), interleaved; the question names
-        the queried chain's last variable, the answer is its root value, the candidates every
-        chain's root value, gold first (copy line 1/chains). ``h`` counts assignments, as in the
-        token-space builder: ``1 hops`` is a single lookup. Names are five random capitals,
-        unique per item and absent from the haystack; root values random 5-digit numbers,
-        each occurring once.
-
-        Depths: each chain's root at a uniform depth ``d0`` and its later statements at sorted
-        uniform depths in ``[d0, 1)``, so the statement farthest from the question (the root)
-        is uniform over the context and every chain reads in order. Meta: ``hop_depths`` and
-        ``hop_tokens`` of the queried chain's statements in chain order, ``farthest_depth``
-        (the root's; also ``actual_depth``) and ``distance`` (root to the prompt's end)."""
-        p = spec.hops
-        require(all(h >= 1 for h in p.hops), "probes.hops.hops", list(p.hops),
-                "each hop count must be >= 1")
-        require(p.distractor_chains >= 0, "probes.hops.distractor_chains", p.distractor_chains,
-                "must be >= 0")
-        chains = p.distractor_chains + 1
-        cells = []
-        for h in p.hops:
-            for length in lengths_of(p.lengths, train_length):
-                key = {"probe": "hops", "variant": f"{h} hops", "hops": h, "length": length}
-                make = partial(self._hops, key=key, hops=h, chains=chains, length=length)
-                cells.append(self._cell(key, length, max_length, p.n, spec.seed,
-                                        f"probe:text-hops:{h}:{chains}:{length}", make,
-                                        copy_any_value=1 / chains, chance=1 / len(VALUES)))
-        return cells
-
-    def _names(self, rng: random.Random, n: int) -> list[str]:
-        """``n`` distinct names of five random capitals, none occurring in the haystack."""
-        names: list[str] = []
-        while len(names) < n:
-            name = "".join(rng.choice(string.ascii_uppercase) for _ in range(5))
-            if name not in names and "VAR" not in name and name not in self._hay_text:
-                names.append(name)
-        return names
-
-    def _hops(self, rng: random.Random, *, key: dict[str, Any], hops: int, chains: int,
-              length: int) -> ProbeItem:
-        names = self._names(rng, chains * hops)
-        roots = [str(v) for v in rng.sample(VALUES, chains)]
-        stmts: list[str] = []
-        depths: list[float] = []
-        for c in range(chains):
-            ns = names[c * hops:(c + 1) * hops]
-            stmts += [HOP_ROOT.format(name=ns[0], value=roots[c])]
-            stmts += [HOP_LINK.format(name=ns[k], parent=ns[k - 1]) for k in range(1, hops)]
-            d0 = draw_depth(rng)
-            depths += [d0, *sorted(d0 + (1 - d0) * draw_depth(rng) for _ in range(hops - 1))]
-        last = names[hops - 1]
-        lay = self._scatter(rng, length, stmts, depths, HOP_QUESTION.format(name=last),
-                            HOP_PREFIX.format(name=last), roots[0])
-        for s in stmts:
-            self._count(lay.text, s, 1)
-        for r in roots:
-            self._count(lay.text, r, 1)
-        root_at = [lay.tokens[c * hops] for c in range(chains)]
-        alts = [roots[c] for c in sorted(range(1, chains), key=lambda c: root_at[c])]
-        return self._probe_item(key, lay, [roots[0]], alts, {
-            "hop_depths": lay.depths[:hops], "hop_tokens": lay.tokens[:hops],
-            "farthest_depth": lay.depths[0], "actual_depth": lay.depths[0],
-            "distance": len(lay.prompt) + len(self._head()) - lay.tokens[0]}, multi=False)
-
-    # ------------------------------------------------------------------------ aggregation
-    def aggregation_cells(self, spec: ProbeSpec, train_length: int, max_length: int | None
-                          ) -> list[Cell]:
-        """Aggregation (after RULER's common-words extraction, arXiv 2404.06654): ``candidates``
-        distinct words from :data:`WORDS` (never one occurring in the haystack) named in
-        ``WORD_STATEMENT`` sentences, each occurrence at its own uniform depth. Counts as in
-        the token-space builder: the runner-up ``r`` times (``r`` uniform in
-        1..``COUNTING_MAX_COUNT``), the winner exactly ``r + margin`` times, every other word
-        1..``r`` times. The question asks which word was named most often; answer: that word;
-        candidates: every candidate word, gold first (copy line 1/candidates; chance 1 over
-        the word list). Meta: ``counts`` (winner, runner-up, others), ``winner_share`` (the
-        winner's share of all occurrences: what copying a random occurrence scores) and
-        ``gold_depths`` (the winner's statements, sorted)."""
-        p = spec.aggregation
-        require(2 <= p.candidates <= len(self.words), "probes.aggregation.candidates",
-                p.candidates, f"must be in 2..{len(self.words)} (the candidate words that never "
-                f"occur in the haystack {self.t.haystack!r})")
-        require(all(m >= 1 for m in p.margins), "probes.aggregation.margins", list(p.margins),
-                "each margin must be >= 1")
-        cells = []
-        for m in p.margins:
-            for length in lengths_of(p.lengths, train_length):
-                key = {"probe": "aggregation", "variant": f"margin {m}", "count_margin": m,
-                       "length": length}
-                make = partial(self._aggregation, key=key, margin=m, n_words=p.candidates,
-                               length=length)
-                cells.append(self._cell(key, length, max_length, p.n, spec.seed,
-                                        f"probe:text-aggregation:{m}:{p.candidates}:{length}",
-                                        make, copy_any_value=1 / p.candidates,
-                                        chance=1 / len(self.words)))
-        return cells
-
-    def _aggregation(self, rng: random.Random, *, key: dict[str, Any], margin: int,
-                     n_words: int, length: int) -> ProbeItem:
-        words = rng.sample(self.words, n_words)  # words[0] wins: a random word
-        runner_up = rng.randint(1, COUNTING_MAX_COUNT)
-        counts = [runner_up + margin, runner_up] + [rng.randint(1, runner_up)
-                                                    for _ in range(n_words - 2)]
-        owner = [w for w, k in enumerate(counts) for _ in range(k)]
-        stmts = [WORD_STATEMENT.format(word=words[w]) for w in owner]
-        depths = [draw_depth(rng) for _ in owner]
-        lay = self._scatter(rng, length, stmts, depths, WORD_QUESTION, WORD_PREFIX, words[0])
-        for w, k in zip(words, counts):
-            self._count(lay.text, w, k)
-        first = {w: min(lay.tokens[i] for i in range(len(owner)) if owner[i] == w)
-                 for w in range(n_words)}
-        alts = [words[w] for w in sorted(range(1, n_words), key=first.__getitem__)]
-        return self._probe_item(key, lay, [words[0]], alts, {
-            "counts": counts, "winner_share": counts[0] / len(owner),
-            "gold_depths": sorted(d for d, w in zip(lay.depths, owner) if w == 0)},
-            multi=False)
 
     # --------------------------------------------------------------------------- perplexity
     def stream(self, spec: ProbeSpec, n_tokens: int) -> tuple[list[int], int | None]:
@@ -714,12 +378,8 @@ class TextBuilder:
         return ids[:n_tokens], (self.tok.bos if self.t.add_bos else None)
 
 
-class _TooShort(ValueError):
-    pass
-
-
 @dataclass
-class _Layout:
+class Layout:
     """A built prompt of scattered statements: its text, prompt and answer tokens (BOS not
     included), the answer text as tokenized, and each statement's token index (BOS included)
     and actual token depth in the context."""

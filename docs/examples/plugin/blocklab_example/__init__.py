@@ -6,7 +6,9 @@
 - ``model.block.name=parallel``: a norm placement with its own parameter layout (it overrides
   ``Block.param_count``);
 - ``model.mixer.name=token_shift``: a sequence mixer with a decode state of its own (the
-  smallest one: the previous real token of each row), its own cost and its own rule.
+  smallest one: the previous real token of each row), its own cost and its own rule;
+- ``probes.kinds.first_value``: a probe kind (``first_value.py``): recall the first value of a
+  row, with its own settings, rule and cells.
 
 Importing this module registers them; blocklab's grid tests then cover them like built-ins.
 """
@@ -23,6 +25,7 @@ from blocklab.model.estimate import params_of
 from blocklab.model.ffn import MLP
 from blocklab.model.mixer import Mixer, Sequence, State
 from blocklab.registry import lookup, register
+from blocklab_example import first_value  # noqa: F401  (registers the first_value probe kind)
 
 
 @register("ffn", "squared_relu")
