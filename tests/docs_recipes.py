@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inprocess import SAFETY_S
+
 ROOT = Path(__file__).resolve().parents[1]
 LINKED = (".venv", "docs", "scripts", "configs")
 _FENCE = re.compile(r"^```(\w*)\s*$")
@@ -147,7 +149,7 @@ def run_command(line: str, expect: int, cwd: Path, in_process: Runner) -> str:
             "blocklab-"):
         path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
         done = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True,
-                              env={**os.environ, "PATH": path}, timeout=600)
+                              env={**os.environ, "PATH": path}, timeout=SAFETY_S)
     else:
         done = in_process(tool, words[1:], env, cwd)
     output = (done.stdout or "") + (done.stderr or "")

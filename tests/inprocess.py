@@ -16,6 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The one timeout a test puts on a subprocess or a wait: a safety net against a hang, never a
+# measurement. Generous (a command that takes 40 s idle takes minutes on a loaded 2-core CI
+# machine): it must never be what fails a test that would pass.
+SAFETY_S = 3600
+
 TOOLS = {"blocklab-train": "train_cli", "blocklab-eval": "eval_cli",
          "blocklab-estimate": "estimate_cli", "blocklab-prepare": "prepare_cli",
          "blocklab-import": "import_cli", "blocklab-export": "export_cli",

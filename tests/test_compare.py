@@ -15,6 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from blocklab import compare
+from inprocess import SAFETY_S
 
 MODEL = {"family": {"name": "decoder"}, "vocab_size": 64, "d_model": 32, "n_layers": 1,
          "n_heads": 2, "d_ff": 64, "max_seq_len": 64, "position": {"name": "rope"}}
@@ -323,7 +324,7 @@ def test_compare_never_imports_torch(sweep: Path, tmp_path: Path) -> None:
         assert "matplotlib" in sys.modules and "matplotlib.pyplot" not in sys.modules
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=SAFETY_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("| run | model.n_layers | model.position.name | params | status")

@@ -18,6 +18,7 @@ from blocklab import registry
 from blocklab.config import ConfigError, model_config, register_configs
 from blocklab.model.estimate import count_params
 from blocklab.model.transformer import build_model
+from inprocess import SAFETY_S
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -124,7 +125,7 @@ def test_plain_dict_configs_are_checked_like_composed_ones():
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).parent / "blocklab-estimate"
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=SAFETY_S)
 
 
 def test_estimate_prints_the_table_and_the_command_reports_errors_in_one_line():

@@ -18,7 +18,7 @@ from docs_recipes import (
     problems,
     run_page,
 )
-from inprocess import TOOLS, run_cli
+from inprocess import SAFETY_S, TOOLS, run_cli
 
 
 def _runner(capfd):
@@ -29,7 +29,7 @@ def _runner(capfd):
         if tool == "blocklab-compare":
             return compare_in_process(args, cwd)
         return subprocess.run([str(ROOT / ".venv" / "bin" / tool), *args], cwd=cwd, env=None,
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=SAFETY_S)
     return run
 
 

@@ -24,14 +24,14 @@ from blocklab.model.generate import generate
 from blocklab.sample import Pieces, load_sampler, render_chat
 from blocklab.train.run import train
 from data.test_text_runs import corpus
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 from train.test_train_cli import BIN
 
 pytestmark = pytest.mark.slow
 
 WINDOW = 32  # model.max_seq_len of the tiny runs
 PROMPT = "the king and the queen"
-TIMEOUT = 300  # a safety net for the subprocesses, never a measurement
+TIMEOUT = SAFETY_S  # a safety net for the subprocesses, never a measurement
 
 
 def _tiny_text_run(root: Path, model: str) -> Path:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from inprocess import SAFETY_S
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,7 +28,7 @@ def _module():
 @pytest.mark.slow
 def test_dry_run_runs_every_section_and_writes_json_and_table(tmp_path):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=900)
+                        str(tmp_path)], capture_output=True, text=True, timeout=SAFETY_S)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["errors"] == {}

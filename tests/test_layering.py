@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from inprocess import SAFETY_S
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "blocklab"
 
 # Floor of each top-level module or package of blocklab (docs/design.md, "Layout").
@@ -98,7 +100,7 @@ def test_the_lowest_floor_and_the_compare_tool_import_no_torch():
             f"m.split('.')[1] in {ABOVE_CONFIG!r})); "
             "print(blocklab.registry._plugins_loaded)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=SAFETY_S)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:3] == ["[]", "[]", "False"], r.stdout
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from blocklab import registry
-from inprocess import TOOLS, run_cli
+from inprocess import SAFETY_S, TOOLS, run_cli
 
 BIN = Path(sys.executable).parent
 
@@ -101,7 +101,7 @@ def test_the_console_scripts_report_a_failing_plugin_in_one_line(tool, args, plu
                                                                  tmp_path):
     env = {**os.environ, "BLOCKLAB_PLUGINS": "failing_exits_zero",
            "PYTHONPATH": str(plugin_dir)}
-    r = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300,
+    r = subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=SAFETY_S,
                        env=env, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-3000:]
     assert len(r.stderr.strip().splitlines()) == 1 and "sys.exit(0)" in r.stderr

@@ -14,6 +14,7 @@ from blocklab.repro import checks as ck
 from blocklab.repro import experiments as ex
 from blocklab.repro import measure as ms
 from blocklab.repro.runner import run_key
+from inprocess import SAFETY_S
 
 
 def _t(rate: float, n: int = 200) -> ms.Tally:
@@ -243,7 +244,7 @@ def test_a_preempted_repro_exits_7_with_the_command_that_resumes_it(tmp_path) ->
 
     def repro(fault: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(Path(sys.executable).parent / "blocklab-repro"), *args],
-                              capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=SAFETY_S, cwd=tmp_path,
                               env={**os.environ, "BLOCKLAB_FAULT": fault})
 
     r = repro("SIGTERM@step:1")

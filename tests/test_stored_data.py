@@ -26,7 +26,7 @@ from blocklab import checkpoint as ckpt
 from blocklab.config import compose
 from blocklab.train.run import train
 from data.test_text_runs import corpus, text_args
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 from train.test_train_cli import BIN, losses
 
 pytestmark = pytest.mark.slow
@@ -281,7 +281,7 @@ def test_evaluating_a_run_still_training_survives_its_checkpoint_being_pruned(tm
             manifest = real_verify(path, **kw)
             if trainer.returncode is None:
                 os.kill(trainer.pid, signal.SIGCONT)
-                trainer.communicate(timeout=300)
+                trainer.communicate(timeout=SAFETY_S)
             return manifest
 
         monkeypatch.setattr(ckpt, "verify", verify_then_let_training_finish)
@@ -291,7 +291,7 @@ def test_evaluating_a_run_still_training_survives_its_checkpoint_being_pruned(tm
         if trainer.returncode is None:  # (the evaluation never verified anything)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(trainer.pid, signal.SIGCONT)
-            trainer.communicate(timeout=300)
+            trainer.communicate(timeout=SAFETY_S)
     assert trainer.returncode == 0
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-000006"]  # 4 is gone
     assert r.returncode == 0, r.stderr[-2000:]

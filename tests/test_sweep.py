@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from inprocess import SAFETY_S
 from train.test_train_cli import cli
 
 pytestmark = pytest.mark.slow
@@ -95,7 +96,7 @@ SHORT = ["trainer.max_steps=4", "trainer.ckpt_every_steps=2", "trainer.val_every
 
 def fault_cli(fault: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "blocklab-train"), *args], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "BLOCKLAB_FAULT": fault})
+                          timeout=SAFETY_S, env={**os.environ, "BLOCKLAB_FAULT": fault})
 
 
 def test_a_killed_job_fails_alone_under_the_parallel_launcher(tmp_path):

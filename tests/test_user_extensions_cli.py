@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ def cli(*args: str, tool: str = "blocklab-train", plugin: bool = True,
     env = {k: v for k, v in os.environ.items() if k not in ("BLOCKLAB_PLUGINS", "PYTHONPATH")}
     if plugin:
         env |= {"BLOCKLAB_PLUGINS": "blocklab_example", "PYTHONPATH": str(PLUGIN)}
-    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=SAFETY_S,
                           env=env, cwd=cwd)
 
 
@@ -92,7 +92,7 @@ def test_user_presets_and_experiments_come_from_a_user_config_dir(tmp_path, capf
 def test_a_plugin_that_cannot_be_imported_is_one_line_and_exit_2():
     env = {**os.environ, "BLOCKLAB_PLUGINS": "not_a_module_anywhere"}
     r = subprocess.run([str(BIN / "blocklab-train"), "--cfg", "job"], capture_output=True,
-                       text=True, timeout=300, env=env)
+                       text=True, timeout=SAFETY_S, env=env)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "plugin error: BLOCKLAB_PLUGINS=not_a_module_anywhere: importing "

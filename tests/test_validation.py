@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from blocklab.config import ConfigError, compose
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 
 BIN = Path(sys.executable).parent
 
 
 def cli(tool: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=600,
+    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=SAFETY_S,
                           cwd=cwd)
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from inprocess import SAFETY_S
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=600,
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=SAFETY_S,
                        cwd=cwd, env=env)
     assert r.returncode == 0, f"{cmd}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     return r

@@ -26,6 +26,7 @@ from blocklab.data.shards import Pieces, TokenCorpus, Windows
 from blocklab.data.synthetic import BOS, EOS
 from blocklab.data.tokenizer import byte_tokenizer
 from blocklab.errors import DataError, StorageError
+from inprocess import SAFETY_S
 
 BYTE = TokenizerConfig(name=TokenizerName.byte)
 DOC_LENGTHS = [*range(1, 30), 34, 43, 52, 80]  # seq_len 8: width 9; includes len % 9 == 1
@@ -211,7 +212,7 @@ def test_processes_preparing_the_same_corpus_at_once_build_it_once(tmp_path: Pat
             "assert verify(p.path) is None; print(p.path)")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    outs = [p.communicate(timeout=SAFETY_S) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-1000:] for o in outs]
     assert len({o[0].strip() for o in outs}) == 1
     assert sum("data: prepared" in o[1] for o in outs) == 1

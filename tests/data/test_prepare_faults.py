@@ -18,7 +18,7 @@ import pytest
 
 import blocklab.data.prepare as prep
 from blocklab.config import DataConfig, DataName, TokenizerConfig, TokenizerName
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 
 BIN = Path(sys.executable).parent
 BYTE = TokenizerConfig(name=TokenizerName.byte)
@@ -44,7 +44,7 @@ def leftovers(cache: Path) -> list[Path]:
 
 def prepare_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "blocklab-prepare"), *args], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env})
+                          text=True, timeout=SAFETY_S, env={**os.environ, **env})
 
 
 # ------------------------------------------------------------------------- killed preparations
@@ -134,7 +134,7 @@ def test_memory_does_not_grow_with_the_size_of_one_document(tmp_path) -> None:
         with f.open("a") as fh:
             fh.write("and a short second line\n")
         r = subprocess.run([sys.executable, "-c", RSS, str(f), str(tmp_path / f"cache{mb}")],
-                           capture_output=True, text=True, timeout=900)
+                           capture_output=True, text=True, timeout=SAFETY_S)
         assert r.returncode == 0, r.stderr[-3000:]
         out[mb] = json.loads(r.stdout.strip().splitlines()[-1])
     assert out[20]["documents"] == 2 and out[20]["tokens"] > 9 * out[2]["tokens"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 from train.test_train_cli import BIN, losses
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def corpus(tmp_path: Path, n_files: int = 40, words: int = 300, seed: int = 0) -
 def cli(*args: str, env: dict | None = None, tool: str = "blocklab-train"
         ) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+                          timeout=SAFETY_S, env={**os.environ, **(env or {})})
 
 
 def text_args(tmp_path: Path, data_dir: Path, *extra: str) -> list[str]:
@@ -154,7 +154,7 @@ def test_memory_does_not_grow_with_the_corpus(tmp_path):
         for i in range(int(mb * 1e6 / len(line))):
             (d / f"f{i:04d}.txt").write_text(line)
         r = subprocess.run([sys.executable, "-c", RSS, str(d), str(tmp_path / f"cache{mb}")],
-                           capture_output=True, text=True, timeout=900)
+                           capture_output=True, text=True, timeout=SAFETY_S)
         assert r.returncode == 0, r.stderr[-3000:]
         out[mb] = json.loads(r.stdout.strip().splitlines()[-1])
     assert out[20]["tokens"] > 9 * out[2]["tokens"]

@@ -16,6 +16,7 @@ from blocklab.eval.aggregate import wilson_interval
 from blocklab.eval.kinds.litm import plot_litm
 from blocklab.eval.kinds.needle import plot_niah
 from blocklab.eval.plots import plot_perplexity
+from inprocess import SAFETY_S
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -168,7 +169,7 @@ def test_no_pyplot_import(tmp_path):
         assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=SAFETY_S)
     assert proc.returncode == 0, proc.stderr
     _assert_png(out, 1_000)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from blocklab import checkpoint as ckpt
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 from train.test_train_cli import BIN, losses
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def cli(*args: str, fault: str | None = None, tool: str = "blocklab-train"
     env = {k: v for k, v in os.environ.items() if k != "BLOCKLAB_FAULT"}
     if fault:
         env["BLOCKLAB_FAULT"] = fault
-    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=SAFETY_S,
                           env=env)
 
 
@@ -199,6 +199,6 @@ def test_two_trainings_into_one_directory_one_is_refused(tmp_path, capfd):
             assert f"in use by train (pid {first.pid} on " in r.stderr
     finally:
         os.kill(first.pid, signal.SIGCONT)
-    _, err = first.communicate(timeout=300)
+    _, err = first.communicate(timeout=SAFETY_S)
     assert first.returncode == 0, err[-2000:]
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-000002", "step-000004"]

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from inprocess import SAFETY_S
 from train.test_train_cli import BIN, losses
 
 pytestmark = pytest.mark.slow
@@ -27,7 +28,7 @@ def test_sigterm_checkpoints_the_step_and_resume_is_exact(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "BLOCKLAB_FAULT": "SIGTERM@step:23"}
     r = subprocess.run([str(BIN / "blocklab-train"), *ARGS, f"run_dir={run}"],
-                       capture_output=True, text=True, timeout=300, env=env)
+                       capture_output=True, text=True, timeout=SAFETY_S, env=env)
     err = r.stderr
     assert r.returncode == 7, err[-2000:]
     steps = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir())
@@ -36,11 +37,11 @@ def test_sigterm_checkpoints_the_step_and_resume_is_exact(tmp_path):
     assert f"resume exactly with: blocklab-train resume={run}" in err
 
     r = subprocess.run([str(BIN / "blocklab-train"), *ARGS, f"resume={run}"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=SAFETY_S)
     assert r.returncode == 0, r.stderr[-2000:]
     straight = tmp_path / "straight"
     r = subprocess.run([str(BIN / "blocklab-train"), *ARGS, f"run_dir={straight}"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=SAFETY_S)
     assert r.returncode == 0, r.stderr[-2000:]
     assert losses(run) == losses(straight) and sorted(losses(run)) == list(range(1, 61))
     logged = [[int(row["step"]) for row in csv.DictReader(f.open()) if row.get("train/loss")]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from blocklab import checkpoint as ckpt
-from inprocess import run_cli
+from inprocess import SAFETY_S, run_cli
 
 BIN = Path(sys.executable).parent
 BASE = ["experiment=smoke", "trainer.log_every_steps=1", "model.dropout=0.1",
@@ -24,7 +24,7 @@ BASE = ["experiment=smoke", "trainer.log_every_steps=1", "model.dropout=0.1",
 
 
 def cli(*args: str, tool: str = "blocklab-train", cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([str(BIN / tool), *args], capture_output=True, text=True, timeout=SAFETY_S,
                           cwd=cwd)
 
 
