@@ -34,6 +34,8 @@ SEEN_SAMPLES = 256
 MEASURED = {"quick": (2.4, 2.6), "full": (1.6, 1.9)}  # placeholders until measured
 MARGIN = {"quick": 0.05, "full": 0.05}
 SEEN_MAX = 0.05  # validation windows whose first 32 characters occur in the training text
+LEAK = "a later token changes earlier predictions"
+LEAK_SAMPLES = 32
 
 
 class UnmaskedAttention(SoftmaxAttention):
@@ -83,7 +85,8 @@ def _protocol(size: str) -> Protocol:
     lo, hi = MEASURED[size]
     checks = (ck.AtLeast(ARM, "val loss", round(lo - MARGIN[size], 3)),
               ck.AtMost(ARM, "val loss", round(hi + MARGIN[size], 3)),
-              ck.AtMost(ARM, "val text seen in training", SEEN_MAX))
+              ck.AtMost(ARM, "val text seen in training", SEEN_MAX),
+              ck.AtMost(ARM, LEAK, 0.0))
     return Protocol((Arm(ARM, overrides),), checks, seeds=1 if size == "quick" else 3)
 
 
@@ -99,9 +102,11 @@ def _measure_for(size: str):
         val = tx.mean_loss(run, s.val, val_idx)
         train = tx.mean_loss(run, s.train, train_idx)
         hits, trials = tx.seen_in_training(run, SEEN_SAMPLES)
+        leaks, tried = tx.future_leaks(run, LEAK_SAMPLES)
         return {"val loss": ms.Scalar(val), "train loss (text it trained on)": ms.Scalar(train),
                 "val - train": ms.Scalar(val - train),
-                "val text seen in training": ms.Tally(hits, trials)}
+                "val text seen in training": ms.Tally(hits, trials),
+                LEAK: ms.Tally(leaks, tried)}
 
     return measure
 
@@ -128,7 +133,9 @@ def shakespeare_experiment(size: str) -> Experiment:
                   f"seeds 0-2 widened by {MARGIN[size]:g} ([{lo - MARGIN[size]:.3f}, "
                   f"{hi + MARGIN[size]:.3f}]) on every seed, and at most {SEEN_MAX:g} of "
                   f"{SEEN_SAMPLES} validation windows beginning with {tx.GRAM} characters "
-                  "that occur in the training text. quick: the first "
+                  f"that occur in the training text, and in none of {LEAK_SAMPLES} "
+                  "validation windows does changing the last character change an earlier "
+                  "prediction (causality of the trained model). quick: the first "
                   f"{STEPS['quick']} steps of the recipe (warmup 100, cosine over "
                   f"{STEPS['quick']}), seed 0. Differences from nanoGPT: another corpus; "
                   "weight decay on the Linear weights only (nanoGPT also decays the "

@@ -86,3 +86,19 @@ def seen_in_training(run: TextRun, samples: int, gram: int = GRAM) -> tuple[int,
                         if len(s.val(int(i)).tokens) >= gram], dtype=np.int64)
     found = np.isin(_gram_hashes(grams, gram), known)
     return int(found.sum()), len(found)
+
+
+@torch.no_grad()
+def future_leaks(run: TextRun, samples: int) -> tuple[int, int]:
+    """(hits, trials): of ``samples`` validation windows, in how many changing the last token
+    changes a prediction made before it (a causal model: never). Sees a model that reads the
+    future however early in training, before its loss shows it."""
+    s = run.streams
+    picks = np.linspace(0, s.val_examples - 1, num=min(samples, s.val_examples)).astype(int)
+    hits = 0
+    for i in picks:
+        ids = torch.tensor([s.val(int(i)).tokens[:-1]])  # the inputs: seq_len tokens
+        later = ids.clone()
+        later[0, -1] = (later[0, -1] + 1) % s.vocab_size
+        hits += bool((run.model(ids)[:, :-1] - run.model(later)[:, :-1]).abs().max() > 1e-5)
+    return hits, len(picks)
