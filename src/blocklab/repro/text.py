@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from blocklab.errors import DataError
+
 GRAM = 32  # tokens of a validation window looked up in the training text
 
 
@@ -43,8 +45,9 @@ def load_text(run_dir: str | Path) -> TextRun:
     streams = build_streams(tc.data, tc.tokenizer)
     recorded = loaded.meta.get("data_fingerprint")
     if streams.fingerprint != recorded:
-        raise ValueError(f"{run_dir}: its data changed since it trained (fingerprint "
-                         f"{recorded}, now {streams.fingerprint})")
+        raise DataError(f"data error: {run_dir}: its data changed since it trained (data "
+                        f"fingerprint {recorded}, now {streams.fingerprint}); restore the data "
+                        "or remove the run to train it again")
     objective = build_objective(tc.model.family.name, tc.data, streams.specials)
     consumed = int(loaded.meta["step"]) * tc.data.batch_size * tc.trainer.accumulate
     return TextRun(model, streams, objective, consumed)
