@@ -317,6 +317,44 @@ def test_few_documents_validate_on_the_corpus_end_and_many_on_whole_documents(tm
     assert re.search(r"validation: \d+ of 25 documents held out by a seeded draw", s.description)
 
 
+def test_val_split_last_validates_on_the_last_tokens_of_many_documents(tmp_path):
+    """Issue 23's shakespeare_char: the plays are 42 documents, enough for whole documents to
+    be held out at data.val_fraction=0.1; data.val_split=last validates on exactly the last 10%
+    of the corpus's tokens in source order instead (nanoGPT's cut of input.txt, across
+    documents: the one the cut falls in trains up to it), and the rest trains, every token
+    once; the rule is part of the fingerprint."""
+    from blocklab.data.tokenizer import tokenizer_from_json
+
+    texts = ["\n".join(lines(40, seed=i)) for i in range(12)]
+    files = [write(tmp_path / "plays" / f"p{i:02d}.txt", t) for i, t in enumerate(texts)]
+    cfg = text_cfg(tmp_path, files, val_fraction=0.1, seq_len=64, packing=True)
+    drawn = streams_of(cfg, CHAR)
+    assert "documents held out by a seeded draw" in drawn.description  # the default rule
+    s = streams_of(dataclasses.replace(cfg, val_split="last"), CHAR)
+    ids = [t for d in documents(tokenizer_from_json(s.tokenizer), texts) for t in d]
+    cut = int(len(ids) * 0.9)
+    val = [t for i in range(s.val_examples) for t in s.val(i).tokens]
+    assert val == ids[cut:][:len(val)] and len(ids) - cut - len(val) < 65  # whole windows
+    assert f"the last 10% of the corpus's tokens in source order (data.val_split=last): " \
+           f"{len(ids) - cut:,} of {len(ids):,} tokens held out" in s.description
+    n_train = cut // 65
+    train = sorted(tuple(s.train(i).tokens) for i in range(n_train))
+    assert train == sorted(tuple(ids[w * 65:(w + 1) * 65]) for w in range(n_train))  # an epoch
+    assert s.fingerprint != drawn.fingerprint
+
+
+def test_val_split_last_with_validation_files_is_refused_in_one_line():
+    from blocklab.config import ConfigError, compose, validate_train
+    from blocklab.train.run import to_train_config
+
+    cfg = compose("train", ["data=text_files", "data.files=[a.txt]", "tokenizer=byte",
+                            "data.val_split=last", "data.val_files=[v.txt]"])
+    with pytest.raises(ConfigError) as e:
+        validate_train(to_train_config(cfg))
+    assert str(e.value).startswith("config error: data.val_split='last'")
+    assert "is the validation source already" in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.slow
 def test_a_single_training_file_trains_out_of_the_box(tmp_path, capfd):
     """The README's own-text recipe with one file (nanoGPT's input.txt), a character

@@ -166,7 +166,8 @@ class DataConfig:
     val_files: list[str] = field(default_factory=list)
     # the validation split of a saved DatasetDict or a hub dataset: auto = a saved DatasetDict's
     # "validation" split when it has one (a hub dataset's only when named); none = held out
-    # (val_fraction); or a split name
+    # (val_fraction); last = the last val_fraction of the tokens, however many documents
+    # (nanoGPT's cut); or a split name
     val_split: str = "auto"
     cache_dir: str | None = None  # prepared corpora (null: $BLOCKLAB_DATA_CACHE or outputs/.cache/data)
     num_proc: int | None = None  # preparation processes (null: every core, at most 8)

@@ -134,7 +134,7 @@ def has_sources(d: DataConfig | None) -> bool:
 
 
 #: data.val_split's choices besides a split name
-VAL_SPLITS = ("auto", "none")
+VAL_SPLITS = ("auto", "none", "last")  # last: the held-out tail whatever the document count
 
 
 def validate_text_sources(d: DataConfig, key: str = "data", *, evaluation: bool = False
@@ -162,10 +162,11 @@ def validate_text_sources(d: DataConfig, key: str = "data", *, evaluation: bool 
            f"{_source_words(d)} have none", "leave it at 'train'")
     named = d.val_split not in VAL_SPLITS
     _check(bool(d.val_split) and (not named or has_splits), f"{key}.val_split", d.val_split,
-           f"auto, none or the name of a split of a hub dataset or a saved DatasetDict "
+           f"auto, none, last or the name of a split of a hub dataset or a saved DatasetDict "
            f"(format=disk); {_source_words(d)} have no splits",
            "give validation files with data.val_files")
-    _check(not (named and d.val_files), f"{key}.val_split", d.val_split,
+    _check(not ((named or d.val_split == "last") and d.val_files), f"{key}.val_split",
+           d.val_split,
            f"data.val_files={list(d.val_files)} is the validation source already; give one")
     _one_of(f"{key}.documents", d.documents, DOCUMENT_SPLITS)
     _one_of(f"{key}.fingerprint", d.fingerprint, SOURCE_FINGERPRINTS)

@@ -12,9 +12,10 @@ Without one, :func:`held_out` holds out part of the training corpus (``data.val_
 - **whole documents**, each by a seeded draw, when the corpus has enough of them — at least
   ``1 / (2 · val_fraction)`` (25 at 0.02), so that one held-out document is not more than
   about twice the asked share — deterministic, and no document is on both sides;
-- otherwise **the last ``val_fraction`` of the corpus's tokens** in source order (one file:
-  the end of that file), as nanoGPT cuts ``input.txt``: the training part is everything
-  before the cut (``int(tokens · (1 - val_fraction))``), validation everything after it.
+- otherwise — or whatever the number of documents with ``data.val_split=last`` — **the last
+  ``val_fraction`` of the corpus's tokens** in source order (one file: the end of that file),
+  as nanoGPT cuts ``input.txt``: the training part is everything before the cut
+  (``int(tokens · (1 - val_fraction))``), validation everything after it.
 
 A split is two :class:`Spans` — token ranges of documents — so a document cut in two is read
 by training up to the cut and by validation from it, never both.
@@ -34,6 +35,9 @@ from blocklab.errors import DataError
 
 if TYPE_CHECKING:
     from blocklab.data.shards import TokenCorpus
+
+
+LAST = "last"  # data.val_split: the corpus's last tokens validate, however many documents
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def held_out(corpus: TokenCorpus, data: DataConfig) -> Split:
     """Training and validation parts of ``corpus`` by ``data.val_fraction`` (module doc)."""
     n, f = len(corpus), data.val_fraction
     total = int(corpus.lengths.sum())
-    if n >= min_documents(f):
+    if n >= min_documents(f) and data.val_split != LAST:
         held = np.random.default_rng([data.seed, 7919]).random(n) < f
         if not held.any():
             held[-1] = True
@@ -97,10 +101,10 @@ def held_out(corpus: TokenCorpus, data: DataConfig) -> Split:
         val = Spans.whole(corpus, np.flatnonzero(held))
         return Split(train, val, f"{len(val):,} of {n:,} documents held out by a seeded draw "
                      f"(data.val_fraction={f}): {val.tokens:,} of {total:,} tokens", "documents")
-    return _tail(corpus, f, total)
+    return _tail(corpus, f, total, asked=data.val_split == LAST)
 
 
-def _tail(corpus: TokenCorpus, f: float, total: int) -> Split:
+def _tail(corpus: TokenCorpus, f: float, total: int, *, asked: bool = False) -> Split:
     lens = corpus.lengths.astype(np.int64)
     cut = int(total * (1 - f))
     if cut < 2 or total - cut < 2:
@@ -120,7 +124,9 @@ def _tail(corpus: TokenCorpus, f: float, total: int) -> Split:
     val = Spans(corpus, np.asarray(v_doc, np.int64), np.asarray(v_start, np.int64),
                 lens[k:].copy())
     share = f"the last {f * 100:g}%"
-    if len(lens) == 1:
+    if asked:
+        what = f"{share} of the corpus's tokens in source order (data.val_split={LAST})"
+    elif len(lens) == 1:
         what = f"{share} of the one document's tokens, nanoGPT-style (data.val_fraction={f})"
     else:
         what = (f"{share} of the corpus's tokens in source order: {len(lens)} documents are "
@@ -153,12 +159,12 @@ def validation_source(data: DataConfig) -> tuple[DataConfig | None, str]:
                 f"data.val_files=[{shown}]")
     split = data.val_split
     if data.hub_dataset:
-        if split in ("auto", "none"):
+        if split in ("auto", "none", LAST):
             return None, ("a hub dataset's own validation split validates only when named "
                           "(data.val_split=validation)" if split == "auto" else "")
         return (dataclasses.replace(data, hub_split=split, val_split="none"),
                 f"split {split!r} of hub dataset {data.hub_dataset}")
-    if data.format != "disk" or data.corpus or split == "none":
+    if data.format != "disk" or data.corpus or split in ("none", LAST):
         return None, ""
     from blocklab.data.sources import disk_splits
 

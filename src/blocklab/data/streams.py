@@ -32,6 +32,7 @@ class Streams:
     description: str | None = None  # what loading found (text data: documents, tokens, ...)
     specials: Specials = BLOCKLAB_SPECIALS  # the tokenizer's pad / bos / eos / mask ids
     val_examples: int | None = None  # distinct validation examples (text; None: endless)
+    train_examples: int | None = None  # distinct training examples, one epoch (text)
 
 
 def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
@@ -97,7 +98,8 @@ def _streams(data: DataConfig, prepared, corpus, split, identity: dict, note: st
                    tokenizer=prepared.tokenizer_json, vocab_size=int(m["vocab_size"]),
                    fingerprint=digest({"corpus": prepared.fingerprint, **reading, **identity}),
                    description=described, specials=prepared.specials,
-                   val_examples=stream.val_examples)
+                   val_examples=stream.val_examples,
+                   train_examples=stream.pieces - stream.val_examples)
 
 
 def build_eval_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:

@@ -51,6 +51,8 @@ class Experiment:
     # name -> (what it breaks, arms -> broken arms)
     breaks: dict[str, tuple[str, Callable[[tuple[Arm, ...]], tuple[Arm, ...]]]] = field(
         default_factory=dict)
+    # breaks that train runs of their own (a defect of training itself, not arms swapped)
+    training_breaks: frozenset[str] = frozenset()
 
 
 def _swap(arms: tuple[Arm, ...], victim: str, donor: str) -> tuple[Arm, ...]:
@@ -323,6 +325,10 @@ def _rf_experiment(size_for_measure: str) -> Experiment:
 
 def experiment(name: str, size: str) -> Experiment:
     """The experiment ``name`` with its measurement sized for ``size``."""
+    if name == "shakespeare_char":  # its own module (it imports this one)
+        from blocklab.repro.shakespeare import shakespeare_experiment
+
+        return shakespeare_experiment(size)
     makers = {"mqar": lambda s: MQAR, "extrapolation": _extrap_experiment,
               "receptive_field": _rf_experiment}
     if name not in makers:
@@ -330,4 +336,4 @@ def experiment(name: str, size: str) -> Experiment:
     return makers[name](size)
 
 
-NAMES = ("mqar", "extrapolation", "receptive_field")
+NAMES = ("mqar", "extrapolation", "receptive_field", "shakespeare_char")
