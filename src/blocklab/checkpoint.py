@@ -52,7 +52,7 @@ from blocklab.errors import (
     StorageError,  # noqa: F401  (re-exported: checkpoint.StorageError)
 )
 from blocklab.faults import maybe_fault
-from blocklab.files import set_aside, storage_error
+from blocklab.files import recover_all, set_aside, write_dir_atomic, write_file
 
 FORMAT_VERSION = 1
 STATE, META, CONFIG, TOKENIZER, MANIFEST = (
@@ -69,19 +69,7 @@ class Refused(CheckpointError):
     report, never a reason to fall back to an older checkpoint."""
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_write = write_file  # every file of a checkpoint is written (and fsynced) through this
 
 
 def _fault(point: str, path: Path) -> None:
@@ -91,7 +79,9 @@ def _fault(point: str, path: Path) -> None:
 
 
 def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
-    """Atomically write ``checkpoint`` (a Lightning checkpoint dict) as a checkpoint directory."""
+    """Atomically write ``checkpoint`` (a Lightning checkpoint dict) as a checkpoint directory
+    (files.write_dir_atomic; a re-save of a step replaces it, a corrupt copy in its way is set
+    aside once the new state is complete)."""
     path = Path(path)
     meta = checkpoint.get("blocklab", {})
     buf = io.BytesIO()
@@ -101,34 +91,21 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
         files[META] = json.dumps(readable_meta(meta), indent=2, sort_keys=True).encode()
         files[CONFIG] = meta.get("config_yaml", "").encode()
         files[TOKENIZER] = meta.get("tokenizer", "").encode()
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    needed = sum(len(b) for b in files.values())
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+
+    def fill(tmp: Path) -> None:
         manifest = {"format_version": FORMAT_VERSION, "files": {}}
         for name, data in files.items():
             _write(tmp / name, data)
             manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(),
                                        "bytes": len(data)}
         _write(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-        _fsync_dir(tmp)
         if path.exists() and not is_valid(path):
             _set_aside(path)
-        if path.exists():  # re-saving a step: move the old one aside, never delete it first
-            old = path.parent / f".old-{path.name}-{os.getpid()}"
-            path.rename(old)
-            _fault("aside", path)  # tests: between the two renames of a re-save
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-        _fsync_dir(path.parent)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise storage_error(e, f"checkpoint {path}", f"the checkpoint needs {needed:,} bytes "
-                            "free; previous checkpoints are intact") from None
+
+    needed = sum(len(b) for b in files.values())
+    write_dir_atomic(path, fill, what=f"checkpoint {path}", key=None, overwrite=True,
+                     full=f"the checkpoint needs {needed:,} bytes free; previous checkpoints "
+                     "are intact", fault=lambda stage: stage == "aside" and _fault(stage, path))
     _fault("save", path)  # tests: a crash right after this save
     return path
 
@@ -281,22 +258,11 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def clean_partial(run_dir: str | Path) -> list[Path]:
-    """Remove temporary directories left by a save that was killed; return what was removed.
-    Only the run's owner calls it (it renames and deletes): readers use :func:`readable`."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    removed = []
-    if ckpt_dir.is_dir():
-        # A re-save killed between its two renames leaves the old copy as `.old-<name>-<pid>`:
-        # put it back before anything is deleted.
-        for p in ckpt_dir.iterdir():
-            match = OLD.fullmatch(p.name)
-            if match and not (ckpt_dir / match.group(1)).exists():
-                p.rename(ckpt_dir / match.group(1))
-        for p in ckpt_dir.iterdir():
-            if p.name.startswith((".tmp-", ".old-")):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
-    return removed
+    """Recover what saves that were killed left (files.recover_all: a re-save cut between its
+    two renames gets its old copy back, every other temporary is deleted); return what was
+    removed. Only the run's owner calls it (it renames and deletes; a save in progress holds
+    the same run lock): readers use :func:`readable`."""
+    return recover_all(Path(run_dir) / "checkpoints", owner=True)
 
 
 def readable(run_dir: str | Path) -> list[Path]:

@@ -41,7 +41,6 @@ import itertools
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -64,7 +63,7 @@ from blocklab.data.tokenizer import (
 )
 from blocklab.errors import DataError
 from blocklab.faults import maybe_fault
-from blocklab.files import set_aside, sha256_file, storage_error
+from blocklab.files import set_aside, sha256_file, write_dir_atomic
 from blocklab.provenance import digest
 
 CACHE_ENV = "BLOCKLAB_DATA_CACHE"
@@ -236,56 +235,59 @@ def dtype_for(vocab_size: int) -> np.dtype:
 
 def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: Specials,
            log, key: str = "data.files") -> None:
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # killed while holding our lock
-        shutil.rmtree(stale, ignore_errors=True)
+    """Tokenize ``items`` into ``final``, written whole (files.write_dir_atomic; the caller
+    holds the fingerprint's lock, so every temporary beside ``final`` is a dead preparer's)."""
     dtype = dtype_for(tok.get_vocab_size())
-    task = Task(tok.to_str(), data, specials, str(dtype), str(tmp))
-    t0, stats, tokens = time.perf_counter(), ReadStats(), 0
-    files: dict[str, dict[str, Any]] = {}
-    try:
-        tmp.mkdir(parents=True)
+    t0, stats, done = time.perf_counter(), ReadStats(), {"tokens": 0, "seconds": 0.0}
+
+    def fill(tmp: Path) -> None:
+        task = Task(tok.to_str(), data, specials, str(dtype), str(tmp))
+        files: dict[str, dict[str, Any]] = {}
         for n, result in enumerate(_run(task, items, data.num_proc, log), 1):
             stats.add(result.stats)
-            tokens += result.tokens
+            done["tokens"] += result.tokens
             files.update(result.files)
             maybe_fault("shard", n)
-        if not stats.documents and not stats.empty_dropped:
-            raise DataError(f"data error: {key}: no documents at all — no lines, records "
-                            f"or rows ({_where(items)})")
-        if not stats.documents:
-            raise DataError(f"data error: {key}: all {stats.empty_dropped} documents are "
-                            f"empty or whitespace only ({_where(items)})")
-        for name, n in stats.invalid_by_file.items():
-            size = max(os.path.getsize(name), 1) if os.path.exists(name) else 1
-            if n > BINARY_FRACTION * size:
-                log(f"warning: {key}: {name}: {n:,} invalid UTF-8 sequences in {size:,} "
-                    "bytes replaced — is it a text file? (data.utf8_errors=strict refuses it)")
-        seconds = time.perf_counter() - t0
+        _check_documents(stats, items, key, log)
+        done["seconds"] = time.perf_counter() - t0
         meta = {"format": FORMAT, "dtype": str(dtype), "shards": len(items),
-                "tokens": tokens, "documents": stats.documents,
+                "tokens": done["tokens"], "documents": stats.documents,
                 "empty_dropped": stats.empty_dropped, "invalid_utf8": stats.invalid_utf8,
-                "bytes": stats.bytes, "seconds": round(seconds, 3),
+                "bytes": stats.bytes, "seconds": round(done["seconds"], 3),
                 "specials": specials.to_dict(), "vocab_size": tok.get_vocab_size(),
                 "data": {k: getattr(data, k) for k in TOKEN_FIELDS}}
         write_synced(tmp / "tokenizer.json", tok.to_str().encode(), files)
         write_synced(tmp / "meta.json", json.dumps(meta, indent=2, default=str).encode(), files)
         write_synced(tmp / "manifest.json", json.dumps({"files": files}, indent=2).encode(), {})
-        if final.exists():  # only a corrupt copy set aside can have been here: gone now
-            shutil.rmtree(final)
-        maybe_fault("publish", next(_PUBLISHED))
-        tmp.rename(final)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise storage_error(e, f"I/O error: preparing {final}", f"{stats.bytes:,} bytes of "
-                            "text read so far, the shards need about 2-4 bytes per token; "
-                            "nothing was kept") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    def publish(stage: str) -> None:
+        if stage == "filled":
+            maybe_fault("publish", next(_PUBLISHED))
+
+    # only a corrupt copy set aside can have been at ``final``: replaced if it is back
+    write_dir_atomic(final, fill, what=f"I/O error: preparing {final}", key=None,
+                     overwrite=True, owner=True, fault=publish,
+                     full=lambda: f"{stats.bytes:,} bytes of text read so far, the shards need "
+                     "about 2-4 bytes per token; nothing was kept")
+    tokens, seconds = done["tokens"], done["seconds"]
     rate = stats.bytes / max(seconds, 1e-9)
     log(f"data: prepared {stats.bytes / 1e6:.1f} MB into {tokens:,} tokens in {seconds:.1f} s "
         f"({rate / 1e6:.1f} MB/s, {tokens / max(seconds, 1e-9):,.0f} tokens/s): {final}")
+
+
+def _check_documents(stats: ReadStats, items: list[WorkItem], key: str, log) -> None:
+    """Refuse sources without a document; call out files that look binary."""
+    if not stats.documents and not stats.empty_dropped:
+        raise DataError(f"data error: {key}: no documents at all — no lines, records "
+                        f"or rows ({_where(items)})")
+    if not stats.documents:
+        raise DataError(f"data error: {key}: all {stats.empty_dropped} documents are "
+                        f"empty or whitespace only ({_where(items)})")
+    for name, n in stats.invalid_by_file.items():
+        size = max(os.path.getsize(name), 1) if os.path.exists(name) else 1
+        if n > BINARY_FRACTION * size:
+            log(f"warning: {key}: {name}: {n:,} invalid UTF-8 sequences in {size:,} "
+                "bytes replaced — is it a text file? (data.utf8_errors=strict refuses it)")
 
 
 @dataclass(frozen=True)
