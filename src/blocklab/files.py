@@ -67,7 +67,7 @@ def write_file(path: str | Path, data: bytes | str) -> None:
 
 
 def fsync_dir(path: str | Path) -> None:
-    """fsync a directory: the names created or renamed in it are on disk."""
+    """fsync a directory (the names created or renamed in it are on disk), or a file."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -244,11 +244,8 @@ def _alive(pid: int) -> bool:
 
 
 def _fsync_tree(root: Path) -> None:
+    """Every file and folder under ``root`` on disk (whoever wrote them, synced or not)."""
     for folder, _, names in os.walk(root):
         for name in names:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(os.path.join(folder, name))
         fsync_dir(folder)

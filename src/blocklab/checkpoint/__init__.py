@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import sys
@@ -45,6 +44,16 @@ from typing import Any, TypeVar
 
 import torch
 
+from blocklab.checkpoint.manifest import (
+    CONFIG,
+    FORMAT_VERSION,
+    MANIFEST,
+    META,
+    STATE,
+    TOKENIZER,
+    unpickle,
+    verify,
+)
 from blocklab.config import TrainConfig
 from blocklab.config.stored import check_copies, readable_meta, stored_config
 from blocklab.errors import (
@@ -54,9 +63,6 @@ from blocklab.errors import (
 from blocklab.faults import maybe_fault
 from blocklab.files import recover_all, set_aside, write_dir_atomic, write_file
 
-FORMAT_VERSION = 1
-STATE, META, CONFIG, TOKENIZER, MANIFEST = (
-    "state.pt", "meta.json", "config.yaml", "tokenizer.json", "manifest.json")
 PREFIX = "step-"
 NAME = re.compile(r"step-(\d+)")  # a checkpoint directory's whole name
 OLD = re.compile(r"\.old-(step-\d+)-\d+")  # a re-saved step's previous copy, moved aside
@@ -139,112 +145,12 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     return doomed
 
 
-def verify(path: str | Path, *, keep: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check the manifest of checkpoint ``path``; return it or raise :class:`CheckpointError`.
-
-    With ``keep`` (a dict), what was verified is what the caller reads: the small files' bytes
-    and an open, rewound handle on ``state.pt`` (the caller closes it) are put there, so a save
-    or a prune replacing the directory afterwards changes nothing for the reader."""
-    path = Path(path)
-    manifest = _manifest(path)
-    opened: dict[str, Any] = {}
-    try:
-        for name, info in manifest["files"].items():
-            opened[name] = _verified(path, name, info, handle=keep is not None and name == STATE)
-    except BaseException:
-        _close(opened)
-        raise
-    if keep is not None:
-        keep.update(opened)
-    return manifest
-
-
-def _manifest(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
-        files = manifest["files"]
-        version = manifest.get("format_version", 0)
-        if not isinstance(version, int) or not all(
-                isinstance(i, dict) and isinstance(i.get("sha256"), str)
-                and isinstance(i.get("bytes"), int) for i in files.values()):
-            raise ValueError("malformed entries")
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete or not a blocklab "
-                              "checkpoint)") from None
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path}: cannot read {MANIFEST} ({e.strerror})") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} unreadable ({e})") from None
-    if STATE not in files:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} does not cover {STATE}")
-    # A file of the checkpoint, never a path elsewhere (``../../etc/passwd``) opened for it.
-    bad = next((n for n in files if n in (MANIFEST, ".", "..") or Path(n).name != n), None)
-    if bad is not None:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} names {bad!r}: not a file of this "
-                              "directory (refused)")
-    if version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path}: format version {version} is newer than this "
-                              f"blocklab understands ({FORMAT_VERSION}); upgrade blocklab")
-    return manifest
-
-
-def _verified(path: Path, name: str, info: dict[str, Any], *, handle: bool) -> Any:
-    """One file checked against its manifest entry: its bytes (or, with ``handle``, the open
-    file, rewound)."""
-    try:
-        f = open(path / name, "rb")  # noqa: SIM115  (returned open with ``handle``)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise CheckpointError(f"checkpoint {path}: {name} missing") from None
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path}: cannot read {name} ({e.strerror})") from None
-    handed = False
-    try:
-        size, want = os.fstat(f.fileno()).st_size, info["bytes"]
-        if size < want:
-            raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of {want:,} "
-                                  "bytes)")
-        data = None if handle or size != want else f.read()
-        digest = (hashlib.sha256(data) if data is not None
-                  else hashlib.file_digest(f, "sha256")).hexdigest()
-        if size != want or digest != info["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted)")
-        if handle:
-            f.seek(0)
-            handed = True
-            return f
-        return data
-    finally:
-        if not handed:
-            f.close()
-
-
-def _close(opened: dict[str, Any]) -> None:
-    for v in opened.values():
-        if hasattr(v, "close"):
-            v.close()
-
-
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     """Verify, then load the checkpoint dict with ``weights_only=True``."""
     path = Path(path)
     kept: dict[str, Any] = {}
     verify(path, keep=kept)
-    return _unpickle(path, kept, map_location)
-
-
-def _unpickle(path: Path, kept: dict[str, Any], map_location: Any) -> dict[str, Any]:
-    """``state.pt`` from the handle verification left open (exactly the verified bytes)."""
-    f = kept.pop(STATE)
-    try:
-        return torch.load(f, map_location=map_location, weights_only=True)
-    except Exception as e:  # unpickling errors come in many types
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "GLOBAL" in ln), type(e).__name__)
-        raise CheckpointError(f"checkpoint {path}: refused to load {STATE} with "
-                              f"weights_only=True (it needs an unsafe global): {why}") from None
-    finally:
-        f.close()
-        _close(kept)
+    return unpickle(path, kept, map_location)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -381,7 +287,7 @@ def _read_one(path: Path, map_location: Any) -> Loaded:
     verify(path, keep=kept)
     texts = {k: v.decode("utf-8", "replace") for k, v in kept.items() if k != STATE}
     try:
-        state = _unpickle(path, kept, map_location)
+        state = unpickle(path, kept, map_location)
         meta = state.get("blocklab") if isinstance(state, dict) else None
         if not meta or not isinstance(meta, dict):
             raise CheckpointError(f"checkpoint {path}: no blocklab metadata")
