@@ -238,6 +238,13 @@ def test_overwrite_never_replaces_what_the_command_reads(tmp_path, capfd, import
     assert _tree(run) == before and (src / "config.json").is_file()
 
 
+def test_one_export_resolves_verifies_and_loads_its_checkpoint_once(tmp_path, capfd, imported,
+                                                                   checkpoint_reads):
+    r = _export(capfd, imported.parent.parent, tmp_path / "hf_out")  # the run: newest chosen
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert checkpoint_reads == {"verify": [imported.name], "torch.load": 1}
+
+
 # -------------------------------------------------------------------- 3. export write faults
 
 

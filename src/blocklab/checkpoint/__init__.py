@@ -38,7 +38,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -260,12 +260,15 @@ def metadata(path: str | Path) -> dict[str, Any]:
 class Loaded:
     """A checkpoint read once — resolved, verified, unpickled with ``weights_only=True`` — and
     its stored config checked as data: what a reader passes down instead of reading again.
-    Only the model's weights are kept of the training state (no optimizer)."""
+    Only the model's weights are kept of the training state (no optimizer), unless it was read
+    ``full``: then the whole state waits for :meth:`take_state` (a resume hands it to Lightning
+    instead of reading the checkpoint again)."""
 
     path: Path
     meta: dict[str, Any]
     config: TrainConfig
     weights: dict[str, torch.Tensor]  # the model's parameter names (no "model." prefix)
+    held: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -275,14 +278,20 @@ class Loaded:
     def run_dir(self) -> Path:
         return self.path.parent.parent
 
+    def take_state(self) -> dict[str, Any] | None:
+        """The whole checkpoint dict of a ``full`` read, once: handed over, not kept (a
+        training would otherwise hold a second copy of the optimizer state to its end);
+        None after the first call or without ``full``."""
+        return self.held.pop(STATE, None)
 
-def read(target: str | Path, map_location: Any = "cpu") -> Loaded:
+
+def read(target: str | Path, map_location: Any = "cpu", *, full: bool = False) -> Loaded:
     """The checkpoint ``target`` names (a run directory: its newest complete one), resolved,
-    verified and loaded once."""
-    return _pick(target, lambda path: _read_one(path, map_location))
+    verified and loaded once; ``full`` keeps the whole state for :meth:`Loaded.take_state`."""
+    return _pick(target, lambda path: _read_one(path, map_location, full))
 
 
-def _read_one(path: Path, map_location: Any) -> Loaded:
+def _read_one(path: Path, map_location: Any, full: bool) -> Loaded:
     kept: dict[str, Any] = {}
     verify(path, keep=kept)
     texts = {k: v.decode("utf-8", "replace") for k, v in kept.items() if k != STATE}
@@ -299,7 +308,8 @@ def _read_one(path: Path, map_location: Any) -> Loaded:
     except CheckpointError as e:
         raise Refused(str(e)) from None
     return Loaded(path, meta, config, {k.removeprefix("model."): v for k, v in weights.items()
-                                       if str(k).startswith("model.")})
+                                       if str(k).startswith("model.")},
+                  {STATE: state} if full else {})
 
 
 def model_of(loaded: Loaded) -> tuple[Any, Any]:

@@ -132,19 +132,20 @@ def size_vocabulary(tc: TrainConfig, cfg: DictConfig, vocab: int) -> None:
 
 
 def _target(tc: TrainConfig, loaded: ckpt.Loaded | None
-            ) -> tuple[Path | None, dict[str, Any] | None, Path]:
-    """(checkpoint to resume from, its metadata — its config as read through the schema —,
-    run directory)."""
+            ) -> tuple[ckpt.Loaded | None, dict[str, Any] | None, Path]:
+    """(checkpoint to resume from, as read, its metadata — its config as read through the
+    schema —, run directory)."""
     if loaded is not None:
         stored = plain_config(OmegaConf.structured(loaded.config))
-        return loaded.path, {**loaded.meta, "config": stored}, ckpt.run_dir_of(tc.resume)
+        return loaded, {**loaded.meta, "config": stored}, ckpt.run_dir_of(tc.resume)
     if ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
         return None, None, Path(os.environ["BLOCKLAB_RUN_DIR"])
     return None, None, Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
 
 
-def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_from: Path | None,
-            old: dict[str, Any] | None, overrides: list[str] | None, init=None) -> Path:
+def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
+            resume_from: ckpt.Loaded | None, old: dict[str, Any] | None,
+            overrides: list[str] | None, init=None) -> Path:
     """Check a resume against its checkpoint, write the run's files (rank 0), and fit."""
     from blocklab.model.estimate import count_params
 
@@ -223,7 +224,7 @@ def ddp_child() -> bool:
 
 
 def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
-         resume_from: Path | None, init_state: dict[str, Any] | None = None, *,
+         resume_from: ckpt.Loaded | None, init_state: dict[str, Any] | None = None, *,
          start_batch: int = 0) -> Path:
     import lightning as L
     import torch
@@ -252,9 +253,10 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     data.start_batch = start_batch  # batches the resumed checkpoint consumed (0: a new run)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    trainer, preemption = _trainer(tc, run_dir, meta)
+    trainer, preemption, io = _trainer(tc, run_dir, meta, resume_from)
     try:
-        trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
+        trainer.fit(lit, datamodule=data,
+                    ckpt_path=str(resume_from.path) if resume_from is not None else None)
     except SIGTERMException:
         how = "interrupted" if preemption.signal_name == "SIGINT" else "preempted"
         raise Preempted(f"{how} ({preemption.signal_name}) after step {trainer.global_step}: "
@@ -262,7 +264,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
                         f" written; resume exactly with: blocklab-train resume={run_dir}"
                         ) from None
     final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
-    if not ckpt.is_valid(final):  # missing, or a corrupt one left by an earlier launch
+    if _final_missing(final, io):
         trainer.save_checkpoint(final, weights_only=False)  # full training state
         if trainer.is_global_zero:
             log_final_checkpoint(trainer.loggers, final)
@@ -280,8 +282,21 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     return run_dir
 
 
-def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]):
-    """Lightning's Trainer for the run, and its preemption handler."""
+def _final_missing(final: Path, io) -> bool:
+    """Whether the run's final state still needs saving: not if this launch wrote that
+    checkpoint, or resumed from it (verified when read, the run locked since) — neither is
+    hashed again; otherwise (missing, or left by an earlier launch and perhaps corrupt) unless
+    it verifies. (A DDP rank other than 0 wrote nothing: it verifies what rank 0 wrote.)"""
+    if final in io.written or (io.resumed is not None and final == io.resumed.path):
+        return False
+    return not ckpt.is_valid(final)
+
+
+def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], resumed: ckpt.Loaded | None):
+    """Lightning's Trainer for the run, its preemption handler and its checkpoint I/O (which
+    restores a resume from the state ``resumed`` holds — unless the restore happens elsewhere:
+    the sharded strategies read ``state.pt`` themselves, ``ddp_spawn`` in processes of its own,
+    so the state is not kept, nor pickled for them)."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -291,6 +306,9 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]):
     from blocklab.train.preemption import Preemption
 
     t = tc.trainer
+    if resumed is not None and (sharded(t) or t.strategy == "ddp_spawn"):
+        resumed.take_state()
+    io = BlocklabCheckpointIO(keep=t.keep_checkpoints, resumed=resumed)
     # Every periodic checkpoint is written (retention is BlocklabCheckpointIO's, over the whole
     # run directory); the same step saved again replaces its checkpoint, never "-v1".
     saver = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step:06d}",
@@ -315,12 +333,12 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]):
                    *_progress(t.progress_bar)],
         logger=_loggers(tc, run_dir, meta),
         enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
-        plugins=[BlocklabCheckpointIO(keep=t.keep_checkpoints)], default_root_dir=run_dir,
+        plugins=[io], default_root_dir=run_dir,
         deterministic=t.deterministic, enable_model_summary=False,
         profiler=profiler(t.profiler, run_dir), detect_anomaly=t.detect_anomaly,
         use_distributed_sampler=False,  # ResumableBatches shards by rank itself
     )
-    return trainer, preemption
+    return trainer, preemption, io
 
 
 def sharded(t) -> bool:
