@@ -49,5 +49,28 @@ def smollm2():
     return found, hf.eval(), tok
 
 
+@pytest.fixture
+def checkpoint_reads(monkeypatch) -> dict:
+    """What a command reads of checkpoints: the directory name of every manifest verification
+    (``checkpoint.verify``, through which every read goes) and the number of ``torch.load``
+    calls, whatever they load — a command reads its checkpoint once."""
+    from blocklab import checkpoint as ckpt
+
+    calls = {"verify": [], "torch.load": 0}
+    real_verify, real_load = ckpt.verify, torch.load
+
+    def verify(path, **kw):
+        calls["verify"].append(Path(path).name)
+        return real_verify(path, **kw)
+
+    def load(*a, **kw):
+        calls["torch.load"] += 1
+        return real_load(*a, **kw)
+
+    monkeypatch.setattr(ckpt, "verify", verify)
+    monkeypatch.setattr(torch, "load", load)
+    return calls
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     shutil.rmtree(_INDUCTOR_CACHE, ignore_errors=True)

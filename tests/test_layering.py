@@ -28,8 +28,9 @@ FLOORS = {
     "cli": 7,
 }
 # Same-floor imports that are allowed: training runs the probe callback and the probe runner.
-# Training starts from a pretrained source (init_from) through the converters.
-SIDEWAYS = {("train", "eval"), ("train", "convert")}
+# Training starts from a pretrained source (init_from) through the converters. The atomic
+# directory writer fires its fault points.
+SIDEWAYS = {("train", "eval"), ("train", "convert"), ("files", "faults")}
 
 
 def _unit(path: Path) -> str:

@@ -235,6 +235,37 @@ def test_disk_full_while_probe_results_are_written_is_one_line_and_exit_6(
     assert _tree(folder) == before
 
 
+class SimulatedKill(BaseException):
+    """Stands in for the process dying: not an error, so nothing cleans up."""
+
+
+def test_a_kill_between_the_renames_of_a_probe_report_leaves_the_old_one(
+        smoke_run, tmp_path, capfd, monkeypatch):
+    """Probe reports are written by files.write_dir_atomic: a kill at its ``dir-aside`` point
+    (the earlier report moved aside, the new one not yet in) leaves the earlier report whole;
+    the next evaluation puts it back first, then replaces it."""
+    from blocklab import files
+
+    out = tmp_path / "eval"
+    args = [f"ckpt={smoke_run}", "probes=coarse", f"out={out}"]
+    assert run_cli(capfd, "blocklab-eval", *args).returncode == 0
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    before = _tree(folder)
+
+    def kill(point: str, n: int) -> None:
+        if point == "dir-aside":
+            raise SimulatedKill
+
+    monkeypatch.setattr(files, "maybe_fault", kill)
+    with pytest.raises(SimulatedKill):
+        run_cli(capfd, "blocklab-eval", *args)
+    monkeypatch.undo()
+    assert not folder.exists()
+    assert _tree(out / f".old-{folder.name}-{os.getpid()}") == before
+    assert files.recover_leftovers(folder) == [out / f".tmp-{folder.name}-{os.getpid()}"]
+    assert _tree(folder) == before
+
+
 # ---------------------------------------------------------------------------- sweep faults
 
 

@@ -185,29 +185,39 @@ def test_an_edited_readable_copy_is_refused_naming_what_differs(synthetic, tmp_p
     assert "(refused: edited after it was saved?)" in line
 
 
-# ------------------------------------------ one evaluation reads its checkpoint exactly once
+# --------------------------------------------- one command reads its checkpoint exactly once
 
 
 def test_one_evaluation_resolves_verifies_and_loads_its_checkpoint_once(synthetic, tmp_path,
-                                                                       capfd, monkeypatch):
-    calls = {"verify": [], "torch.load": 0}
-    real_verify, real_load = ckpt.verify, torch.load
-
-    def verify(path, **kw):
-        calls["verify"].append(Path(path).name)
-        return real_verify(path, **kw)
-
-    def load(*a, **kw):
-        calls["torch.load"] += 1
-        return real_load(*a, **kw)
-
-    monkeypatch.setattr(ckpt, "verify", verify)
-    monkeypatch.setattr(torch, "load", load)
+                                                                       capfd, checkpoint_reads):
     r = run_cli(capfd, "blocklab-eval", f"ckpt={synthetic}", "probes=coarse",
                 "probes.needle.n=2", f"out={tmp_path / 'out'}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "val/loss" in r.stdout and "probe results" in r.stdout
-    assert calls == {"verify": ["step-000004"], "torch.load": 1}
+    assert checkpoint_reads == {"verify": ["step-000004"], "torch.load": 1}
+
+
+@pytest.mark.parametrize("steps", [6, 4], ids=["on", "already-at-max-steps"])
+def test_one_resume_resolves_verifies_and_loads_its_checkpoint_once(synthetic, tmp_path, capfd,
+                                                                   checkpoint_reads, steps):
+    """The state read (config, fingerprints) is the one handed to Lightning, not read again;
+    neither the checkpoint the resumed run writes nor the resumed one is verified back."""
+    run = tmp_path / "run"
+    shutil.copytree(synthetic, run)
+    r = run_cli(capfd, "blocklab-train", *SMOKE, f"trainer.max_steps={steps}",
+                "trainer.ckpt_every_steps=2", "trainer.val_every_steps=4", f"resume={run}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run / "config.resume-000004.yaml").is_file()
+    assert ckpt.list_checkpoints(run)[-1].name == f"step-{steps:06d}"
+    assert checkpoint_reads == {"verify": ["step-000004"], "torch.load": 1}
+
+
+def test_one_generation_resolves_verifies_and_loads_its_checkpoint_once(synthetic, capfd,
+                                                                       checkpoint_reads):
+    r = run_cli(capfd, "blocklab-generate", f"ckpt={synthetic}", "prompt=bos k3 v5 sep k3",
+                "max_new_tokens=2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert checkpoint_reads == {"verify": ["step-000004"], "torch.load": 1}
 
 
 # ---------------------------------------- 6. a save killed between its renames, then resume

@@ -12,6 +12,11 @@ handlers a real signal reaches:
   (``SIGKILL@publish:1`` with the byte tokenizer: killed just before the corpus's rename).
 - ``aside:N``: while ``step-N`` is re-saved, between its two renames (the old copy moved aside
   to ``.old-step-N-<pid>``, the new one not yet in place);
+- ``dir-tmp:N``, ``dir-filled:N``, ``dir-aside:N``, ``dir-placed:N``: in the N-th directory the
+  process writes whole (files.write_dir_atomic: checkpoints, probe reports, exports, imports,
+  prepared corpora), when its temporary is made (before it is filled), when it is complete
+  (before the rename), between the two renames of a replacement, and once it is in place
+  (the replaced copy not yet deleted);
 - ``read:N``: a reader of a run directory (``blocklab-eval``, ``resume=``) has chosen checkpoint
   ``step-N`` and not yet opened it;
 - ``token:N``: ``blocklab-generate`` has written (and flushed) the N-th sampled token of the
@@ -46,8 +51,8 @@ def faults() -> list[tuple[signal.Signals, str, int]]:
             point, step = where.split(":")
             out.append((signal.Signals[name], point, int(step)))
         except (ValueError, KeyError):
-            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save|shard|publish|aside|read|token>:<N>, e.g. "
-                             "SIGKILL@save:15") from None
+            raise ValueError(f"{ENV}={item!r}: expected <SIGNAL>@<step|save|shard|publish|aside|read|token|dir-<stage>>:<N>, "
+                             "e.g. SIGKILL@save:15") from None
     return out
 
 

@@ -238,6 +238,13 @@ def test_overwrite_never_replaces_what_the_command_reads(tmp_path, capfd, import
     assert _tree(run) == before and (src / "config.json").is_file()
 
 
+def test_one_export_resolves_verifies_and_loads_its_checkpoint_once(tmp_path, capfd, imported,
+                                                                   checkpoint_reads):
+    r = _export(capfd, imported.parent.parent, tmp_path / "hf_out")  # the run: newest chosen
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert checkpoint_reads == {"verify": [imported.name], "torch.load": 1}
+
+
 # -------------------------------------------------------------------- 3. export write faults
 
 
@@ -294,6 +301,39 @@ def test_export_fails_at_the_swap_the_old_content_comes_back(tmp_path, capfd, mo
     line = _refused(_export(capfd, imported, out, "overwrite=true"), 6)
     assert f"export to {out}" in line and "Input/output error" in line, line
     assert _tree(out) == {"old.txt": b"the previous export"} and _leftovers(tmp_path) == []
+
+
+class SimulatedKill(BaseException):
+    """Stands in for the process dying: not an error, so nothing cleans up."""
+
+
+@pytest.mark.parametrize("tool", ["export", "import"])
+def test_a_kill_between_the_renames_leaves_the_old_content(tmp_path, capfd, monkeypatch,
+                                                           imported, tool):
+    """Exports and imports are written by files.write_dir_atomic: a kill at its ``dir-aside``
+    point (the old content moved aside, the new not yet in) leaves the old content whole,
+    put back by the next write to that destination."""
+    from blocklab import files
+
+    out = tmp_path / "dest"
+    out.mkdir()
+    (out / "old.txt").write_text("the previous content")
+
+    def kill(point: str, n: int) -> None:
+        if point == "dir-aside":
+            raise SimulatedKill
+
+    monkeypatch.setattr(files, "maybe_fault", kill)
+    with pytest.raises(SimulatedKill):
+        if tool == "export":
+            _export(capfd, imported, out, "overwrite=true")
+        else:
+            _import(capfd, _src(tmp_path), out, "overwrite=true")
+    monkeypatch.undo()
+    assert not out.exists()
+    assert _tree(tmp_path / f".old-dest-{os.getpid()}") == {"old.txt": b"the previous content"}
+    files.recover_leftovers(out)
+    assert _tree(out) == {"old.txt": b"the previous content"} and _leftovers(tmp_path) == []
 
 
 def _dead_pid() -> int:

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import blocklab.data.prepare as prep
+import blocklab.data.workers as workers
 from blocklab.config import DataConfig, DataName, TokenizerConfig, TokenizerName
 from blocklab.data.shards import Pieces, TokenCorpus, Windows
 from blocklab.data.synthetic import BOS, EOS
@@ -135,7 +136,7 @@ def test_a_failed_preparation_leaves_nothing_a_later_run_uses(prepared, tmp_path
     _docs, cfg, _ = prepared
     cfg = dataclasses.replace(cfg, cache_dir=str(tmp_path / "other_cache"))
     calls = []
-    real = prep._work
+    real = workers._work
 
     def dies_on_the_second(args):
         calls.append(args[0])
@@ -146,13 +147,13 @@ def test_a_failed_preparation_leaves_nothing_a_later_run_uses(prepared, tmp_path
     import blocklab.data.sources as sources
 
     monkeypatch.setattr(sources, "ITEM_BYTES", 200)
-    monkeypatch.setattr(prep, "_work", dies_on_the_second)
+    monkeypatch.setattr(workers, "_work", dies_on_the_second)
     with pytest.raises(KeyboardInterrupt):
         prep.prepare(cfg, BYTE, log=lambda s: None)
     root = Path(cfg.cache_dir)
     assert not [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert not list(root.glob(".tmp-*"))  # the partial build is gone
-    monkeypatch.setattr(prep, "_work", real)
+    monkeypatch.setattr(workers, "_work", real)
     ok = prep.prepare(cfg, BYTE, log=lambda s: None)
     assert prep.verify(ok.path) is None
 
@@ -187,7 +188,7 @@ def test_disk_full_while_preparing_is_named_and_keeps_nothing(prepared, tmp_path
     def full(f, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(prep, "_write_tokens", full)
+    monkeypatch.setattr(workers, "_write_tokens", full)
     with pytest.raises(StorageError) as e:
         prep.prepare(cfg, BYTE, log=lambda s: None)
     msg = str(e.value.args[-1])

@@ -107,6 +107,36 @@ def test_a_live_preparers_temporaries_are_left_alone(tmp_path) -> None:
     assert leftovers(cache) == []
 
 
+class SimulatedKill(BaseException):
+    """Stands in for the process dying: not an error, so nothing cleans up."""
+
+
+def test_a_kill_inside_the_writer_before_the_rename_publishes_nothing(tmp_path, monkeypatch):
+    """Prepared corpora are written by files.write_dir_atomic: killed at its ``dir-filled``
+    point (complete, not yet renamed), nothing is published; the next preparation removes the
+    temporary and builds the corpus."""
+    from blocklab import files
+
+    cache = tmp_path / "cache"
+    cfg = DataConfig(name=DataName.text, files=[str(word_files(tmp_path / "src", 3, 2000))],
+                     cache_dir=str(cache), num_proc=1, seq_len=8, batch_size=2)
+
+    def kill(point: str, n: int) -> None:
+        if point == "dir-filled":
+            raise SimulatedKill
+
+    monkeypatch.setattr(files, "maybe_fault", kill)
+    with pytest.raises(SimulatedKill):
+        prep.prepare(cfg, BYTE, log=lambda s: None)
+    monkeypatch.undo()
+    (tmp,) = leftovers(cache)
+    assert (tmp / "manifest.json").is_file()
+    assert not [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    p = prep.prepare(cfg, BYTE, log=lambda s: None)
+    assert leftovers(cache) == [] and prep.verify(p.path) is None
+    assert tmp.name == f".tmp-{p.path.name}-{os.getpid()}"
+
+
 # --------------------------------------------------------------------------- long documents
 
 RSS = """

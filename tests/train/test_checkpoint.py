@@ -359,6 +359,32 @@ def test_killed_resave_between_renames_keeps_a_valid_checkpoint(
     assert got["global_step"] == 1
 
 
+def test_a_kill_inside_the_writer_during_a_resave_leaves_the_old_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checkpoints are written by files.write_dir_atomic: a kill at its ``dir-aside`` point
+    (the old copy moved aside, the new one not yet in) leaves the old copy, which the next
+    start (clean_partial) puts back byte for byte."""
+    from blocklab import files
+
+    run = tmp_path / "run"
+    (path,) = _save_steps(run, 1)
+    before = _tree_digest(path)
+
+    def kill(point: str, n: int) -> None:
+        if point == "dir-aside":
+            raise SimulatedKill
+
+    monkeypatch.setattr(files, "maybe_fault", kill)
+    with pytest.raises(SimulatedKill):
+        ckpt.write_checkpoint(path, _checkpoint(step=1, seed=9))
+    monkeypatch.undo()
+    pid = os.getpid()
+    assert not path.exists()
+    assert _leftovers(path.parent) == [f".old-{path.name}-{pid}", f".tmp-{path.name}-{pid}"]
+    ckpt.clean_partial(run)
+    assert _tree_digest(path) == before and _leftovers(path.parent) == []
+
+
 # ---------------------------------------------------------------------------- 6. disk full
 @pytest.mark.parametrize("same_path", [False, True], ids=["new-step", "resave-same-step"])
 def test_disk_full_raises_storage_error_and_keeps_previous(

@@ -102,9 +102,10 @@ def export_model(target: str | Path, out: str | Path, *, arch: str | None = None
     out = Path(out)
     reads = (Path(target),) if Path(target).exists() else ()
     check_destination(out, "out", overwrite=overwrite, reads=reads)  # before loading anything
-    path = ckpt.resolve(target)
-    say(f"loading {path}")
-    model, _, meta = ckpt.load_model(path)
+    say(f"loading {target}")
+    loaded = ckpt.read(target)  # resolved, verified and loaded once
+    path, meta = loaded.path, loaded.meta
+    model, _ = ckpt.model_of(loaded)
     m = model.config
     chosen = pick_arch(m, arch)
     state = {k: v.detach().contiguous() for k, v in chosen.weights_out(model.state_dict(),

@@ -4,7 +4,8 @@ express a model exactly, the first is written (a window-free Llama-layout model 
 
 from __future__ import annotations
 
-from blocklab.convert.archs import GPT2, T5, Arch, Bert, Llama
+from blocklab.convert.archs import GPT2, Arch, Llama
+from blocklab.convert.encoders import T5, Bert
 from blocklab.convert.windows import Mistral, Qwen2
 from blocklab.errors import ConfigError
 

@@ -15,13 +15,12 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from blocklab.errors import StorageError
-from blocklab.files import sha256_file
+from blocklab.files import LEFTOVER, recover_leftovers, sha256_file, write_file
 
 
 def sweep(root: Path) -> None:
@@ -32,16 +31,16 @@ def sweep(root: Path) -> None:
     preparer (another fingerprint, another process) keeps its lock and its temporary."""
     if not root.is_dir():
         return
-    found = [(p, p.name[len(".tmp-"):].rsplit("-", 1)[0]) for p in root.glob(".tmp-*-*")]
-    found += [(p, p.name[1:].split(".json.tmp-")[0])
-              for kind in ("bpe", "char")
-              for p in (root / "tokenizers").glob(f".{kind}-*.json.tmp-*")]
-    for path, name in found:
+    corpora = {m.group(2) for p in root.iterdir() if (m := LEFTOVER.fullmatch(p.name))}
+    for name in sorted(corpora):
         with locked(root, name, wait=False) as free:
-            if free and path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            elif free:
-                path.unlink(missing_ok=True)
+            if free:  # its writers hold this lock: every temporary of ``name`` is a dead one's
+                recover_leftovers(root / name, owner=True)
+    for kind in ("bpe", "char"):
+        for path in sorted((root / "tokenizers").glob(f".{kind}-*.json.tmp-*")):
+            with locked(root, path.name[1:].split(".json.tmp-")[0], wait=False) as free:
+                if free:
+                    path.unlink(missing_ok=True)
 
 
 def verify(path: Path) -> str | None:
@@ -64,10 +63,7 @@ def verify(path: Path) -> str | None:
 def write_synced(path: Path, data: bytes, files: dict[str, dict[str, Any]] | None) -> None:
     """Write ``data`` to ``path`` and fsync it; its size and sha256 go to ``files`` (the
     manifest being built), unless None."""
-    with path.open("wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    write_file(path, data)
     if files is not None:
         files[path.name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 

@@ -35,13 +35,10 @@ ecosystem's readers (``datasets``/``pyarrow`` for Parquet, saved and hub dataset
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import itertools
 import json
 import os
 import random
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -62,16 +59,16 @@ from blocklab.data.tokenizer import (
     load_user_tokenizer,
     train_bpe,
 )
+from blocklab.data.workers import BATCH_CHARS, Task, processes_default, tokenize_items  # noqa: F401
 from blocklab.errors import DataError
 from blocklab.faults import maybe_fault
-from blocklab.files import set_aside, sha256_file, storage_error
+from blocklab.files import set_aside, sha256_file, write_dir_atomic
 from blocklab.provenance import digest
 
 CACHE_ENV = "BLOCKLAB_DATA_CACHE"
 DEFAULT_CACHE = "outputs/.cache/data"
 FORMAT = 2  # 2: CRLF and lone-CR line ends read as LF
 BINARY_FRACTION = 0.01  # invalid UTF-8 sequences per byte above which a file is called out
-BATCH_CHARS = 1 << 18  # documents are encoded in batches of about this much text
 # Fields that change the tokens of a prepared corpus (the rest — seq_len, split, batching —
 # only change how training reads it).
 TOKEN_FIELDS = ("format", "text_key", "documents", "utf8_errors", "corpus", "hub_dataset",
@@ -87,10 +84,6 @@ class Prepared:
     tokenizer_json: str
     specials: Specials
     meta: dict[str, Any]
-
-
-def processes_default() -> int:
-    return min(os.cpu_count() or 1, 8)
 
 
 def processes(data: DataConfig) -> int:
@@ -236,186 +229,59 @@ def dtype_for(vocab_size: int) -> np.dtype:
 
 def _build(final: Path, items: list[WorkItem], data: DataConfig, tok, specials: Specials,
            log, key: str = "data.files") -> None:
-    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
-    for stale in final.parent.glob(f".tmp-{final.name}-*"):  # killed while holding our lock
-        shutil.rmtree(stale, ignore_errors=True)
+    """Tokenize ``items`` into ``final``, written whole (files.write_dir_atomic; the caller
+    holds the fingerprint's lock, so every temporary beside ``final`` is a dead preparer's)."""
     dtype = dtype_for(tok.get_vocab_size())
-    task = Task(tok.to_str(), data, specials, str(dtype), str(tmp))
-    t0, stats, tokens = time.perf_counter(), ReadStats(), 0
-    files: dict[str, dict[str, Any]] = {}
-    try:
-        tmp.mkdir(parents=True)
-        for n, result in enumerate(_run(task, items, data.num_proc, log), 1):
+    t0, stats, done = time.perf_counter(), ReadStats(), {"tokens": 0, "seconds": 0.0}
+
+    def fill(tmp: Path) -> None:
+        task = Task(tok.to_str(), data, specials, str(dtype), str(tmp))
+        files: dict[str, dict[str, Any]] = {}
+        for n, result in enumerate(tokenize_items(task, items, data.num_proc), 1):
             stats.add(result.stats)
-            tokens += result.tokens
+            done["tokens"] += result.tokens
             files.update(result.files)
             maybe_fault("shard", n)
-        if not stats.documents and not stats.empty_dropped:
-            raise DataError(f"data error: {key}: no documents at all — no lines, records "
-                            f"or rows ({_where(items)})")
-        if not stats.documents:
-            raise DataError(f"data error: {key}: all {stats.empty_dropped} documents are "
-                            f"empty or whitespace only ({_where(items)})")
-        for name, n in stats.invalid_by_file.items():
-            size = max(os.path.getsize(name), 1) if os.path.exists(name) else 1
-            if n > BINARY_FRACTION * size:
-                log(f"warning: {key}: {name}: {n:,} invalid UTF-8 sequences in {size:,} "
-                    "bytes replaced — is it a text file? (data.utf8_errors=strict refuses it)")
-        seconds = time.perf_counter() - t0
+        _check_documents(stats, items, key, log)
+        done["seconds"] = time.perf_counter() - t0
         meta = {"format": FORMAT, "dtype": str(dtype), "shards": len(items),
-                "tokens": tokens, "documents": stats.documents,
+                "tokens": done["tokens"], "documents": stats.documents,
                 "empty_dropped": stats.empty_dropped, "invalid_utf8": stats.invalid_utf8,
-                "bytes": stats.bytes, "seconds": round(seconds, 3),
+                "bytes": stats.bytes, "seconds": round(done["seconds"], 3),
                 "specials": specials.to_dict(), "vocab_size": tok.get_vocab_size(),
                 "data": {k: getattr(data, k) for k in TOKEN_FIELDS}}
         write_synced(tmp / "tokenizer.json", tok.to_str().encode(), files)
         write_synced(tmp / "meta.json", json.dumps(meta, indent=2, default=str).encode(), files)
         write_synced(tmp / "manifest.json", json.dumps({"files": files}, indent=2).encode(), {})
-        if final.exists():  # only a corrupt copy set aside can have been here: gone now
-            shutil.rmtree(final)
-        maybe_fault("publish", next(_PUBLISHED))
-        tmp.rename(final)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise storage_error(e, f"I/O error: preparing {final}", f"{stats.bytes:,} bytes of "
-                            "text read so far, the shards need about 2-4 bytes per token; "
-                            "nothing was kept") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    def publish(stage: str) -> None:
+        if stage == "filled":
+            maybe_fault("publish", next(_PUBLISHED))
+
+    # only a corrupt copy set aside can have been at ``final``: replaced if it is back
+    write_dir_atomic(final, fill, what=f"I/O error: preparing {final}", key=None,
+                     overwrite=True, owner=True, fault=publish,
+                     full=lambda: f"{stats.bytes:,} bytes of text read so far, the shards need "
+                     "about 2-4 bytes per token; nothing was kept")
+    tokens, seconds = done["tokens"], done["seconds"]
     rate = stats.bytes / max(seconds, 1e-9)
     log(f"data: prepared {stats.bytes / 1e6:.1f} MB into {tokens:,} tokens in {seconds:.1f} s "
         f"({rate / 1e6:.1f} MB/s, {tokens / max(seconds, 1e-9):,.0f} tokens/s): {final}")
 
 
-@dataclass(frozen=True)
-class Task:
-    """What every worker needs (picklable)."""
-
-    tokenizer_json: str
-    data: DataConfig
-    specials: Specials
-    dtype: str
-    out: str
-
-
-@dataclass
-class ShardResult:
-    index: int
-    tokens: int
-    stats: ReadStats
-    files: dict[str, dict[str, Any]]
-
-
-def _run(task: Task, items: list[WorkItem], num_proc: int | None, log) -> Iterator[ShardResult]:
-    """Shard results in item order, from ``num_proc`` worker processes (1: in this one)."""
-    procs = max(1, min(num_proc or processes_default(), len(items)))
-    bar = _progress(sum(i.nbytes for i in items))
-    try:
-        if procs == 1:
-            _init(task)
-            results: Any = map(_work, enumerate(items))
-            pool = None
-        else:
-            import multiprocessing as mp
-
-            pool = mp.get_context("spawn").Pool(procs, initializer=_init, initargs=(task,))
-            results = pool.imap(_work, enumerate(items))
-        t0, tokens = time.perf_counter(), 0
-        with pool or contextlib.nullcontext():
-            for r in results:
-                tokens += r.tokens
-                if bar is not None:  # bytes: MB/s on the bar; tokens/s beside it
-                    bar.update(r.stats.bytes)
-                    rate = tokens / max(time.perf_counter() - t0, 1e-9)
-                    bar.set_postfix_str(f"{rate:,.0f} tokens/s")
-                yield r
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def _progress(total: int):
-    if not sys.stderr.isatty():
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000,
-                desc="preparing", file=sys.stderr)
-
-
-_TASK: dict[str, Any] = {}
-
-
-def _init(task: Task) -> None:
-    """Worker start: one tokenizer per process, single-threaded (the processes are the
-    parallelism)."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from blocklab.data.tokenizer import tokenizer_from_json
-
-    _TASK.update(task=task, tok=tokenizer_from_json(task.tokenizer_json))
-
-
-def _work(args: tuple[int, WorkItem]) -> ShardResult:
-    index, item = args
-    task, tok = _TASK["task"], _TASK["tok"]
-    stats, lengths = ReadStats(), []
-    out = Path(task.out)
-    tokens_path, docs_path = out / f"tokens-{index:05d}.bin", out / f"docs-{index:05d}.npy"
-    h = hashlib.sha256()
-    total = 0
-    with tokens_path.open("wb") as f:
-        for ids in _encoded(tok, read_pieces(item, task.data, stats), task, lengths):
-            data = ids.tobytes()
-            _write_tokens(f, data)
-            h.update(data)
-            total += len(ids)
-        f.flush()
-        os.fsync(f.fileno())
-    np.save(docs_path, np.asarray(lengths, dtype=np.int64))
-    files = {tokens_path.name: {"bytes": tokens_path.stat().st_size, "sha256": h.hexdigest()},
-             docs_path.name: {"bytes": docs_path.stat().st_size,
-                              "sha256": sha256_file(docs_path)}}
-    return ShardResult(index, total, stats, files)
-
-
-def _write_tokens(f, data: bytes) -> None:
-    f.write(data)
-
-
-def _encoded(tok, pieces: Iterator[tuple[str, bool]], task: Task, lengths: list[int]
-             ) -> Iterator[np.ndarray]:
-    """The ids of the documents' pieces (each document ``bos ids eos``), an array per batch of
-    about BATCH_CHARS characters; the length of each document that ends goes to ``lengths``."""
-    sp, dtype = task.specials, np.dtype(task.dtype)
-    open_len = 0  # ids of the document in progress so far
-    for batch in _piece_batches(pieces):
-        runs: list[Any] = []
-        encs = tok.encode_batch_fast([text for text, _, _ in batch], add_special_tokens=False)
-        for (_, first, last), enc in zip(batch, encs, strict=True):
-            ids = enc.ids
-            runs += [(sp.bos,)] * first + [ids] + [(sp.eos,)] * last
-            open_len += len(ids) + first + last
-            if last:
-                lengths.append(open_len)
-                open_len = 0
-        n = sum(map(len, runs))
-        yield np.fromiter(itertools.chain.from_iterable(runs), dtype=dtype, count=n)
-
-
-def _piece_batches(pieces: Iterator[tuple[str, bool]]
-                   ) -> Iterator[list[tuple[str, bool, bool]]]:
-    """``(text, first, last)`` pieces in batches of about BATCH_CHARS characters."""
-    batch: list[tuple[str, bool, bool]] = []
-    size, first = 0, True
-    for text, last in pieces:
-        batch.append((text, first, last))
-        size, first = size + len(text), last
-        if size >= BATCH_CHARS:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+def _check_documents(stats: ReadStats, items: list[WorkItem], key: str, log) -> None:
+    """Refuse sources without a document; call out files that look binary."""
+    if not stats.documents and not stats.empty_dropped:
+        raise DataError(f"data error: {key}: no documents at all — no lines, records "
+                        f"or rows ({_where(items)})")
+    if not stats.documents:
+        raise DataError(f"data error: {key}: all {stats.empty_dropped} documents are "
+                        f"empty or whitespace only ({_where(items)})")
+    for name, n in stats.invalid_by_file.items():
+        size = max(os.path.getsize(name), 1) if os.path.exists(name) else 1
+        if n > BINARY_FRACTION * size:
+            log(f"warning: {key}: {name}: {n:,} invalid UTF-8 sequences in {size:,} "
+                "bytes replaced — is it a text file? (data.utf8_errors=strict refuses it)")
 
 
 # ------------------------------------------------------------------------------------ files

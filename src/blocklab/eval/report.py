@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blocklab.eval.kinds.base import fmt
-from blocklab.files import storage_error
+from blocklab.files import write_dir_atomic
 
 if TYPE_CHECKING:
     from blocklab.eval.items import ProbeResult
@@ -36,32 +34,23 @@ def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def write(result: ProbeResult, out_dir: Path, *, train_length: int, plots: bool = True) -> None:
-    """Write into a temporary sibling, then swap it in: a crash never leaves half a report. A
-    failed write (disk full) removes the sibling and is one :class:`StorageError` line (exit
-    6); a report already at ``out_dir`` stays as it was."""
+    """Write into a temporary sibling, then swap it in (files.write_dir_atomic): a crash never
+    leaves half a report. A failed write (disk full) removes the sibling and is one
+    :class:`StorageError` line (exit 6); a report already at ``out_dir`` stays as it was."""
     out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        files = _write_files(result, tmp, train_length, plots)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise storage_error(e, f"probe results {out_dir}", "nothing of this report was kept "
-                            "(an earlier report there is intact)") from None
-    if out_dir.exists():
-        old = out_dir.with_name(out_dir.name + f".old-{os.getpid()}")
-        out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out_dir)
+    files: dict[str, str] = {}
+
+    def fill(tmp: Path) -> None:
+        files.update(_write_files(result, tmp, train_length, plots))
+
+    write_dir_atomic(out_dir, fill, what=f"probe results {out_dir}", key=None, overwrite=True,
+                     full="nothing of this report was kept (an earlier report there is intact)")
     result.out_dir = out_dir
     result.files = {k: str(out_dir / v) for k, v in files.items()}
 
 
 def _write_files(result: ProbeResult, tmp: Path, train_length: int, plots: bool
                  ) -> dict[str, str]:
-    tmp.mkdir(parents=True)
     files = {"cells": "cells.csv", "examples": "examples.csv", "summary": "summary.json"}
     _csv(tmp / files["cells"], result.cells)
     _csv(tmp / files["examples"], result.examples)

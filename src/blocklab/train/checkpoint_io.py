@@ -2,7 +2,12 @@
 own save and resume paths use it (and every load is ``weights_only=True``). Retention is done
 here too, after every successful save: the newest ``keep`` checkpoints of the run directory
 stay, whichever launch wrote them (Lightning's own top-k only knows the checkpoints of the
-current launch, so every resume used to leave its starting checkpoint behind)."""
+current launch, so every resume used to leave its starting checkpoint behind).
+
+A resume has read its checkpoint already (train/resume.py: resolved, verified, its config
+checked): Lightning's restore gets that very state (``resumed``), not a second read of the
+directory. What this launch wrote is remembered (``written``), so the run's end does not hash
+a checkpoint it has just written to learn whether it is there."""
 
 from __future__ import annotations
 
@@ -16,19 +21,29 @@ from blocklab import checkpoint as ckpt
 
 
 class BlocklabCheckpointIO(CheckpointIO):
-    def __init__(self, keep: int = 0) -> None:
+    def __init__(self, keep: int = 0, resumed: ckpt.Loaded | None = None) -> None:
         self.keep = keep  # newest checkpoints kept per run directory (0 = all)
+        self.resumed = resumed  # the checkpoint a resume read (its whole state, taken once)
+        self.written: set[Path] = set()  # the checkpoints this launch saved, complete
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any | None = None) -> None:
         path = ckpt.write_checkpoint(Path(path), checkpoint)
-        ckpt.prune(path.parent.parent, self.keep)
+        self.written.add(path)
+        self.written.difference_update(ckpt.prune(path.parent.parent, self.keep))
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
-        return ckpt.load(Path(path), map_location=map_location or "cpu")
+        path = Path(path)
+        if self.resumed is not None and path == self.resumed.path and map_location in (
+                None, "cpu"):
+            state = self.resumed.take_state()
+            if state is not None:
+                return state
+        return ckpt.load(path, map_location=map_location or "cpu")
 
     def remove_checkpoint(self, path: Any) -> None:
         path = Path(path)
+        self.written.discard(path)
         if path.is_dir() and (path / ckpt.MANIFEST).exists():
             shutil.rmtree(path)

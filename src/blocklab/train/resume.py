@@ -40,14 +40,17 @@ NOT_COMPOSED = ("resume",)  # never carried over from the run's overrides
 def open_target(resume: str, owner: contextlib.ExitStack, *, child: bool) -> ckpt.Loaded:
     """The checkpoint ``resume`` names, read once. A resume owns its run directory first (a DDP
     child process: rank 0 does), then puts back what a save killed between its renames moved
-    aside — and only then chooses the checkpoint, so the newest intact state is resumed."""
+    aside — and only then chooses the checkpoint, so the newest intact state is resumed. The
+    whole state is kept (``Loaded.take_state``): the training restores from it, not from a
+    second read."""
     run_dir = ckpt.run_dir_of(resume)
     if not run_dir.is_dir():
         raise ckpt.CheckpointError(f"checkpoint {resume}: no such file or directory")
     if not child:
         owner.enter_context(run_lock(writable_dir(run_dir, "run directory"), "resume"))
         ckpt.clean_partial(run_dir)
-    return ckpt.read(resume)  # verified, its stored config checked as data
+    # verified, its stored config checked as data; its whole state kept for Lightning's restore
+    return ckpt.read(resume, full=True)
 
 
 def resumed_config(cfg: DictConfig, overrides: list[str] | None, loaded: ckpt.Loaded

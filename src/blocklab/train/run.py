@@ -23,7 +23,14 @@ from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_tr
 from blocklab.eval.rundata import listing, record, sources_changed
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 from blocklab.runlock import run_lock, writable_dir
+from blocklab.train.flops import (  # noqa: F401  (re-exported: train.run.GPU_PEAK_FLOPS ...)
+    GPU_PEAK_FLOPS,
+    device_peak_flops,
+    measure_peak_flops,
+    peak_flops_for,
+)
 from blocklab.train.metrics import reconcile
+from blocklab.train.probing import final_probes, probe_callbacks
 from blocklab.train.result import RunDir
 from blocklab.train.resume import check_resume, open_target, resumed_config
 
@@ -125,19 +132,20 @@ def size_vocabulary(tc: TrainConfig, cfg: DictConfig, vocab: int) -> None:
 
 
 def _target(tc: TrainConfig, loaded: ckpt.Loaded | None
-            ) -> tuple[Path | None, dict[str, Any] | None, Path]:
-    """(checkpoint to resume from, its metadata — its config as read through the schema —,
-    run directory)."""
+            ) -> tuple[ckpt.Loaded | None, dict[str, Any] | None, Path]:
+    """(checkpoint to resume from, as read, its metadata — its config as read through the
+    schema —, run directory)."""
     if loaded is not None:
         stored = plain_config(OmegaConf.structured(loaded.config))
-        return loaded.path, {**loaded.meta, "config": stored}, ckpt.run_dir_of(tc.resume)
+        return loaded, {**loaded.meta, "config": stored}, ckpt.run_dir_of(tc.resume)
     if ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
         return None, None, Path(os.environ["BLOCKLAB_RUN_DIR"])
     return None, None, Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
 
 
-def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams, resume_from: Path | None,
-            old: dict[str, Any] | None, overrides: list[str] | None, init=None) -> Path:
+def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
+            resume_from: ckpt.Loaded | None, old: dict[str, Any] | None,
+            overrides: list[str] | None, init=None) -> Path:
     """Check a resume against its checkpoint, write the run's files (rank 0), and fit."""
     from blocklab.model.estimate import count_params
 
@@ -216,7 +224,7 @@ def ddp_child() -> bool:
 
 
 def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
-         resume_from: Path | None, init_state: dict[str, Any] | None = None, *,
+         resume_from: ckpt.Loaded | None, init_state: dict[str, Any] | None = None, *,
          start_batch: int = 0) -> Path:
     import lightning as L
     import torch
@@ -245,9 +253,10 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     data.start_batch = start_batch  # batches the resumed checkpoint consumed (0: a new run)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    trainer, preemption = _trainer(tc, run_dir, meta)
+    trainer, preemption, io = _trainer(tc, run_dir, meta, resume_from)
     try:
-        trainer.fit(lit, datamodule=data, ckpt_path=str(resume_from) if resume_from else None)
+        trainer.fit(lit, datamodule=data,
+                    ckpt_path=str(resume_from.path) if resume_from is not None else None)
     except SIGTERMException:
         how = "interrupted" if preemption.signal_name == "SIGINT" else "preempted"
         raise Preempted(f"{how} ({preemption.signal_name}) after step {trainer.global_step}: "
@@ -255,7 +264,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
                         f" written; resume exactly with: blocklab-train resume={run_dir}"
                         ) from None
     final = run_dir / "checkpoints" / f"step-{trainer.global_step:06d}"
-    if not ckpt.is_valid(final):  # missing, or a corrupt one left by an earlier launch
+    if _final_missing(final, io):
         trainer.save_checkpoint(final, weights_only=False)  # full training state
         if trainer.is_global_zero:
             log_final_checkpoint(trainer.loggers, final)
@@ -265,7 +274,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
               f"resume={run_dir}", file=sys.stderr)
     probes = None
     if trainer.is_global_zero or sharded(t):  # a sharded model's forward needs every rank
-        probes = _final_probes(tc, meta, lit, run_dir, trainer.global_step,
+        probes = final_probes(tc, meta, lit, run_dir, trainer.global_step,
                                write=trainer.is_global_zero, loggers=trainer.loggers)
     if trainer.is_global_zero:
         _summary(run_dir, trainer, lit, probes)
@@ -273,8 +282,21 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     return run_dir
 
 
-def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]):
-    """Lightning's Trainer for the run, and its preemption handler."""
+def _final_missing(final: Path, io) -> bool:
+    """Whether the run's final state still needs saving: not if this launch wrote that
+    checkpoint, or resumed from it (verified when read, the run locked since) — neither is
+    hashed again; otherwise (missing, or left by an earlier launch and perhaps corrupt) unless
+    it verifies. (A DDP rank other than 0 wrote nothing: it verifies what rank 0 wrote.)"""
+    if final in io.written or (io.resumed is not None and final == io.resumed.path):
+        return False
+    return not ckpt.is_valid(final)
+
+
+def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], resumed: ckpt.Loaded | None):
+    """Lightning's Trainer for the run, its preemption handler and its checkpoint I/O (which
+    restores a resume from the state ``resumed`` holds — unless the restore happens elsewhere:
+    the sharded strategies read ``state.pt`` themselves, ``ddp_spawn`` in processes of its own,
+    so the state is not kept, nor pickled for them)."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -284,6 +306,9 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]):
     from blocklab.train.preemption import Preemption
 
     t = tc.trainer
+    if resumed is not None and (sharded(t) or t.strategy == "ddp_spawn"):
+        resumed.take_state()
+    io = BlocklabCheckpointIO(keep=t.keep_checkpoints, resumed=resumed)
     # Every periodic checkpoint is written (retention is BlocklabCheckpointIO's, over the whole
     # run directory); the same step saved again replaces its checkpoint, never "-v1".
     saver = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="step-{step:06d}",
@@ -304,16 +329,16 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any]):
         callbacks=[DurableMetrics(log_every=t.log_every_steps, val_every=t.val_every_steps,
                                   accumulate=t.accumulate, max_steps=t.max_steps),
                    *user_callbacks(tc.callbacks), *lightning_options(t, run_dir),
-                   preemption, saver, *_probe_callbacks(tc, meta, run_dir),
+                   preemption, saver, *probe_callbacks(tc, meta, run_dir, all_ranks=sharded(t)),
                    *_progress(t.progress_bar)],
         logger=_loggers(tc, run_dir, meta),
         enable_progress_bar=t.progress_bar, num_sanity_val_steps=0,
-        plugins=[BlocklabCheckpointIO(keep=t.keep_checkpoints)], default_root_dir=run_dir,
+        plugins=[io], default_root_dir=run_dir,
         deterministic=t.deterministic, enable_model_summary=False,
         profiler=profiler(t.profiler, run_dir), detect_anomaly=t.detect_anomaly,
         use_distributed_sampler=False,  # ResumableBatches shards by rank itself
     )
-    return trainer, preemption
+    return trainer, preemption, io
 
 
 def sharded(t) -> bool:
@@ -341,100 +366,6 @@ def _strategy(t):
 
         return model_parallel(t.devices * t.num_nodes)
     return t.strategy
-
-
-def _probe_callbacks(tc: TrainConfig, meta: dict[str, Any], run_dir: Path) -> list:
-    if not tc.checkpoint_probes.enabled:
-        return []
-    from blocklab.eval.callback import ProbeCallback
-
-    return [ProbeCallback(tc.checkpoint_probes, tc, meta, run_dir,
-                          all_ranks=sharded(tc.trainer))]
-
-
-def _final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step: int, *,
-                  write: bool = True, loggers: list | None = None):
-    """The full probe grid on the final model (the same code as ``blocklab-eval``), with every
-    core: the batches are large, unlike the tiny training steps. Under a sharded strategy every
-    rank runs it (each forward gathers the parameters from all ranks); only rank 0 ``write``s."""
-    if not tc.probes.enabled:
-        return None
-    import torch
-
-    from blocklab.eval.evaluate import probe_dir, probe_model
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, min(os.cpu_count() or 1, 8)))
-    name = f"step-{step:06d}"
-    try:
-        result = probe_model(lit.model, tc, meta, tc.probes, step=step, checkpoint=name,
-                             out_dir=probe_dir(run_dir, name, tc.probes) if write else None)
-    except Exception as e:  # the trained model and its checkpoint are already safe
-        if write:
-            print(f"warning: final probes failed ({type(e).__name__}: {e}); rerun them with "
-                  f"blocklab-eval ckpt={run_dir / 'checkpoints' / name}", file=sys.stderr)
-        return None
-    finally:
-        torch.set_num_threads(threads)
-    if write and loggers and result is not None:
-        from blocklab.eval.callback import log_probe_result
-
-        log_probe_result(loggers, result, step)
-    return result
-
-
-#: Dense bf16/fp16 tensor-core peak FLOP/s by GPU name (datasheets, no sparsity): the MFU
-#: denominator on a GPU when trainer.peak_flops is null. Matched as substrings, in order.
-GPU_PEAK_FLOPS: list[tuple[str, float]] = [
-    ("H200", 989.4e12), ("H100 PCIe", 756.0e12), ("H100", 989.4e12), ("H800", 989.4e12),
-    ("GH200", 989.4e12), ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12),
-    ("L40S", 362e12), ("L40", 181e12), ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12),
-    ("RTX 4090", 165.2e12), ("RTX 3090", 71e12), ("V100", 125e12), ("T4", 65e12),
-]
-
-
-def device_peak_flops(name: str, precision: str) -> float | None:
-    """The datasheet peak of GPU ``name`` for a half-precision run (``bf16-*`` / ``16-*``), or
-    None (unknown GPU, or full precision: no single datasheet number applies)."""
-    if not precision.startswith(("bf16", "16")):
-        return None
-    return next((peak for key, peak in GPU_PEAK_FLOPS if key in name), None)
-
-
-def peak_flops_for(t: object) -> float:
-    """The MFU denominator of trainer config ``t``: ``trainer.peak_flops`` if set, else the
-    measured fp32 matmul rate on CPU or the datasheet number of the detected GPU (0 = no MFU)."""
-    if t.peak_flops:
-        return t.peak_flops
-    if t.accelerator == "cpu":
-        return measure_peak_flops()
-    import torch
-
-    if not torch.cuda.is_available():
-        return 0.0
-    peak = device_peak_flops(torch.cuda.get_device_name(), t.precision)
-    if peak is None:
-        print(f"warning: no train/mfu: peak FLOP/s of {torch.cuda.get_device_name()} at "
-              f"trainer.precision={t.precision} unknown; set trainer.peak_flops", file=sys.stderr)
-    return peak or 0.0
-
-
-def measure_peak_flops(n: int = 1024, reps: int = 3) -> float:
-    """The fp32 matmul rate of this CPU right now (best of a few n×n products): the
-    denominator of the logged MFU on CPU, where no datasheet number applies."""
-    import time
-
-    import torch
-
-    g = torch.Generator().manual_seed(0)  # never draw from the global RNG (init, dropout)
-    a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
 
 
 def _progress(enabled: bool) -> list:

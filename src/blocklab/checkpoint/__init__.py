@@ -33,18 +33,27 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
+from blocklab.checkpoint.manifest import (
+    CONFIG,
+    FORMAT_VERSION,
+    MANIFEST,
+    META,
+    STATE,
+    TOKENIZER,
+    unpickle,
+    verify,
+)
 from blocklab.config import TrainConfig
 from blocklab.config.stored import check_copies, readable_meta, stored_config
 from blocklab.errors import (
@@ -52,11 +61,8 @@ from blocklab.errors import (
     StorageError,  # noqa: F401  (re-exported: checkpoint.StorageError)
 )
 from blocklab.faults import maybe_fault
-from blocklab.files import set_aside, storage_error
+from blocklab.files import recover_all, set_aside, write_dir_atomic, write_file
 
-FORMAT_VERSION = 1
-STATE, META, CONFIG, TOKENIZER, MANIFEST = (
-    "state.pt", "meta.json", "config.yaml", "tokenizer.json", "manifest.json")
 PREFIX = "step-"
 NAME = re.compile(r"step-(\d+)")  # a checkpoint directory's whole name
 OLD = re.compile(r"\.old-(step-\d+)-\d+")  # a re-saved step's previous copy, moved aside
@@ -69,19 +75,7 @@ class Refused(CheckpointError):
     report, never a reason to fall back to an older checkpoint."""
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+_write = write_file  # every file of a checkpoint is written (and fsynced) through this
 
 
 def _fault(point: str, path: Path) -> None:
@@ -91,7 +85,9 @@ def _fault(point: str, path: Path) -> None:
 
 
 def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
-    """Atomically write ``checkpoint`` (a Lightning checkpoint dict) as a checkpoint directory."""
+    """Atomically write ``checkpoint`` (a Lightning checkpoint dict) as a checkpoint directory
+    (files.write_dir_atomic; a re-save of a step replaces it, a corrupt copy in its way is set
+    aside once the new state is complete)."""
     path = Path(path)
     meta = checkpoint.get("blocklab", {})
     buf = io.BytesIO()
@@ -101,34 +97,21 @@ def write_checkpoint(path: str | Path, checkpoint: dict[str, Any]) -> Path:
         files[META] = json.dumps(readable_meta(meta), indent=2, sort_keys=True).encode()
         files[CONFIG] = meta.get("config_yaml", "").encode()
         files[TOKENIZER] = meta.get("tokenizer", "").encode()
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    needed = sum(len(b) for b in files.values())
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+
+    def fill(tmp: Path) -> None:
         manifest = {"format_version": FORMAT_VERSION, "files": {}}
         for name, data in files.items():
             _write(tmp / name, data)
             manifest["files"][name] = {"sha256": hashlib.sha256(data).hexdigest(),
                                        "bytes": len(data)}
         _write(tmp / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-        _fsync_dir(tmp)
         if path.exists() and not is_valid(path):
             _set_aside(path)
-        if path.exists():  # re-saving a step: move the old one aside, never delete it first
-            old = path.parent / f".old-{path.name}-{os.getpid()}"
-            path.rename(old)
-            _fault("aside", path)  # tests: between the two renames of a re-save
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-        _fsync_dir(path.parent)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise storage_error(e, f"checkpoint {path}", f"the checkpoint needs {needed:,} bytes "
-                            "free; previous checkpoints are intact") from None
+
+    needed = sum(len(b) for b in files.values())
+    write_dir_atomic(path, fill, what=f"checkpoint {path}", key=None, overwrite=True,
+                     full=f"the checkpoint needs {needed:,} bytes free; previous checkpoints "
+                     "are intact", fault=lambda stage: stage == "aside" and _fault(stage, path))
     _fault("save", path)  # tests: a crash right after this save
     return path
 
@@ -162,112 +145,12 @@ def prune(run_dir: str | Path, keep: int) -> list[Path]:
     return doomed
 
 
-def verify(path: str | Path, *, keep: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Check the manifest of checkpoint ``path``; return it or raise :class:`CheckpointError`.
-
-    With ``keep`` (a dict), what was verified is what the caller reads: the small files' bytes
-    and an open, rewound handle on ``state.pt`` (the caller closes it) are put there, so a save
-    or a prune replacing the directory afterwards changes nothing for the reader."""
-    path = Path(path)
-    manifest = _manifest(path)
-    opened: dict[str, Any] = {}
-    try:
-        for name, info in manifest["files"].items():
-            opened[name] = _verified(path, name, info, handle=keep is not None and name == STATE)
-    except BaseException:
-        _close(opened)
-        raise
-    if keep is not None:
-        keep.update(opened)
-    return manifest
-
-
-def _manifest(path: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
-        files = manifest["files"]
-        version = manifest.get("format_version", 0)
-        if not isinstance(version, int) or not all(
-                isinstance(i, dict) and isinstance(i.get("sha256"), str)
-                and isinstance(i.get("bytes"), int) for i in files.values()):
-            raise ValueError("malformed entries")
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete or not a blocklab "
-                              "checkpoint)") from None
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path}: cannot read {MANIFEST} ({e.strerror})") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} unreadable ({e})") from None
-    if STATE not in files:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} does not cover {STATE}")
-    # A file of the checkpoint, never a path elsewhere (``../../etc/passwd``) opened for it.
-    bad = next((n for n in files if n in (MANIFEST, ".", "..") or Path(n).name != n), None)
-    if bad is not None:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} names {bad!r}: not a file of this "
-                              "directory (refused)")
-    if version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path}: format version {version} is newer than this "
-                              f"blocklab understands ({FORMAT_VERSION}); upgrade blocklab")
-    return manifest
-
-
-def _verified(path: Path, name: str, info: dict[str, Any], *, handle: bool) -> Any:
-    """One file checked against its manifest entry: its bytes (or, with ``handle``, the open
-    file, rewound)."""
-    try:
-        f = open(path / name, "rb")  # noqa: SIM115  (returned open with ``handle``)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        raise CheckpointError(f"checkpoint {path}: {name} missing") from None
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path}: cannot read {name} ({e.strerror})") from None
-    handed = False
-    try:
-        size, want = os.fstat(f.fileno()).st_size, info["bytes"]
-        if size < want:
-            raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of {want:,} "
-                                  "bytes)")
-        data = None if handle or size != want else f.read()
-        digest = (hashlib.sha256(data) if data is not None
-                  else hashlib.file_digest(f, "sha256")).hexdigest()
-        if size != want or digest != info["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted)")
-        if handle:
-            f.seek(0)
-            handed = True
-            return f
-        return data
-    finally:
-        if not handed:
-            f.close()
-
-
-def _close(opened: dict[str, Any]) -> None:
-    for v in opened.values():
-        if hasattr(v, "close"):
-            v.close()
-
-
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
     """Verify, then load the checkpoint dict with ``weights_only=True``."""
     path = Path(path)
     kept: dict[str, Any] = {}
     verify(path, keep=kept)
-    return _unpickle(path, kept, map_location)
-
-
-def _unpickle(path: Path, kept: dict[str, Any], map_location: Any) -> dict[str, Any]:
-    """``state.pt`` from the handle verification left open (exactly the verified bytes)."""
-    f = kept.pop(STATE)
-    try:
-        return torch.load(f, map_location=map_location, weights_only=True)
-    except Exception as e:  # unpickling errors come in many types
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        why = next((ln for ln in lines if "GLOBAL" in ln), type(e).__name__)
-        raise CheckpointError(f"checkpoint {path}: refused to load {STATE} with "
-                              f"weights_only=True (it needs an unsafe global): {why}") from None
-    finally:
-        f.close()
-        _close(kept)
+    return unpickle(path, kept, map_location)
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -281,22 +164,11 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def clean_partial(run_dir: str | Path) -> list[Path]:
-    """Remove temporary directories left by a save that was killed; return what was removed.
-    Only the run's owner calls it (it renames and deletes): readers use :func:`readable`."""
-    ckpt_dir = Path(run_dir) / "checkpoints"
-    removed = []
-    if ckpt_dir.is_dir():
-        # A re-save killed between its two renames leaves the old copy as `.old-<name>-<pid>`:
-        # put it back before anything is deleted.
-        for p in ckpt_dir.iterdir():
-            match = OLD.fullmatch(p.name)
-            if match and not (ckpt_dir / match.group(1)).exists():
-                p.rename(ckpt_dir / match.group(1))
-        for p in ckpt_dir.iterdir():
-            if p.name.startswith((".tmp-", ".old-")):
-                shutil.rmtree(p, ignore_errors=True)
-                removed.append(p)
-    return removed
+    """Recover what saves that were killed left (files.recover_all: a re-save cut between its
+    two renames gets its old copy back, every other temporary is deleted); return what was
+    removed. Only the run's owner calls it (it renames and deletes; a save in progress holds
+    the same run lock): readers use :func:`readable`."""
+    return recover_all(Path(run_dir) / "checkpoints", owner=True)
 
 
 def readable(run_dir: str | Path) -> list[Path]:
@@ -388,12 +260,15 @@ def metadata(path: str | Path) -> dict[str, Any]:
 class Loaded:
     """A checkpoint read once — resolved, verified, unpickled with ``weights_only=True`` — and
     its stored config checked as data: what a reader passes down instead of reading again.
-    Only the model's weights are kept of the training state (no optimizer)."""
+    Only the model's weights are kept of the training state (no optimizer), unless it was read
+    ``full``: then the whole state waits for :meth:`take_state` (a resume hands it to Lightning
+    instead of reading the checkpoint again)."""
 
     path: Path
     meta: dict[str, Any]
     config: TrainConfig
     weights: dict[str, torch.Tensor]  # the model's parameter names (no "model." prefix)
+    held: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -403,19 +278,25 @@ class Loaded:
     def run_dir(self) -> Path:
         return self.path.parent.parent
 
+    def take_state(self) -> dict[str, Any] | None:
+        """The whole checkpoint dict of a ``full`` read, once: handed over, not kept (a
+        training would otherwise hold a second copy of the optimizer state to its end);
+        None after the first call or without ``full``."""
+        return self.held.pop(STATE, None)
 
-def read(target: str | Path, map_location: Any = "cpu") -> Loaded:
+
+def read(target: str | Path, map_location: Any = "cpu", *, full: bool = False) -> Loaded:
     """The checkpoint ``target`` names (a run directory: its newest complete one), resolved,
-    verified and loaded once."""
-    return _pick(target, lambda path: _read_one(path, map_location))
+    verified and loaded once; ``full`` keeps the whole state for :meth:`Loaded.take_state`."""
+    return _pick(target, lambda path: _read_one(path, map_location, full))
 
 
-def _read_one(path: Path, map_location: Any) -> Loaded:
+def _read_one(path: Path, map_location: Any, full: bool) -> Loaded:
     kept: dict[str, Any] = {}
     verify(path, keep=kept)
     texts = {k: v.decode("utf-8", "replace") for k, v in kept.items() if k != STATE}
     try:
-        state = _unpickle(path, kept, map_location)
+        state = unpickle(path, kept, map_location)
         meta = state.get("blocklab") if isinstance(state, dict) else None
         if not meta or not isinstance(meta, dict):
             raise CheckpointError(f"checkpoint {path}: no blocklab metadata")
@@ -427,7 +308,8 @@ def _read_one(path: Path, map_location: Any) -> Loaded:
     except CheckpointError as e:
         raise Refused(str(e)) from None
     return Loaded(path, meta, config, {k.removeprefix("model."): v for k, v in weights.items()
-                                       if str(k).startswith("model.")})
+                                       if str(k).startswith("model.")},
+                  {STATE: state} if full else {})
 
 
 def model_of(loaded: Loaded) -> tuple[Any, Any]:

@@ -1,0 +1,121 @@
+"""A checkpoint's manifest (``manifest.json``: the sha256 and size of every other file of the
+directory, written last) and the two steps of reading it safely: :func:`verify` checks every
+file against it before any byte is deserialized, :func:`unpickle` loads exactly the verified
+bytes of ``state.pt`` with ``weights_only=True``. The directory's names and the format version
+live here too; the package (writing, choosing, reading once) re-exports them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blocklab.errors import CheckpointError
+
+FORMAT_VERSION = 1
+STATE, META, CONFIG, TOKENIZER, MANIFEST = (
+    "state.pt", "meta.json", "config.yaml", "tokenizer.json", "manifest.json")
+
+
+def verify(path: str | Path, *, keep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check the manifest of checkpoint ``path``; return it or raise :class:`CheckpointError`.
+
+    With ``keep`` (a dict), what was verified is what the caller reads: the small files' bytes
+    and an open, rewound handle on ``state.pt`` (the caller closes it) are put there, so a save
+    or a prune replacing the directory afterwards changes nothing for the reader."""
+    path = Path(path)
+    manifest = _manifest(path)
+    opened: dict[str, Any] = {}
+    try:
+        for name, info in manifest["files"].items():
+            opened[name] = _verified(path, name, info, handle=keep is not None and name == STATE)
+    except BaseException:
+        _close(opened)
+        raise
+    if keep is not None:
+        keep.update(opened)
+    return manifest
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_bytes())
+        files = manifest["files"]
+        version = manifest.get("format_version", 0)
+        if not isinstance(version, int) or not all(
+                isinstance(i, dict) and isinstance(i.get("sha256"), str)
+                and isinstance(i.get("bytes"), int) for i in files.values()):
+            raise ValueError("malformed entries")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete or not a blocklab "
+                              "checkpoint)") from None
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read {MANIFEST} ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} unreadable ({e})") from None
+    if STATE not in files:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} does not cover {STATE}")
+    # A file of the checkpoint, never a path elsewhere (``../../etc/passwd``) opened for it.
+    bad = next((n for n in files if n in (MANIFEST, ".", "..") or Path(n).name != n), None)
+    if bad is not None:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} names {bad!r}: not a file of this "
+                              "directory (refused)")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path}: format version {version} is newer than this "
+                              f"blocklab understands ({FORMAT_VERSION}); upgrade blocklab")
+    return manifest
+
+
+def _verified(path: Path, name: str, info: dict[str, Any], *, handle: bool) -> Any:
+    """One file checked against its manifest entry: its bytes (or, with ``handle``, the open
+    file, rewound)."""
+    try:
+        f = open(path / name, "rb")  # noqa: SIM115  (returned open with ``handle``)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        raise CheckpointError(f"checkpoint {path}: {name} missing") from None
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: cannot read {name} ({e.strerror})") from None
+    handed = False
+    try:
+        size, want = os.fstat(f.fileno()).st_size, info["bytes"]
+        if size < want:
+            raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of {want:,} "
+                                  "bytes)")
+        data = None if handle or size != want else f.read()
+        digest = (hashlib.sha256(data) if data is not None
+                  else hashlib.file_digest(f, "sha256")).hexdigest()
+        if size != want or digest != info["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted)")
+        if handle:
+            f.seek(0)
+            handed = True
+            return f
+        return data
+    finally:
+        if not handed:
+            f.close()
+
+
+def _close(opened: dict[str, Any]) -> None:
+    for v in opened.values():
+        if hasattr(v, "close"):
+            v.close()
+
+
+def unpickle(path: Path, kept: dict[str, Any], map_location: Any) -> dict[str, Any]:
+    """``state.pt`` from the handle verification left open (exactly the verified bytes)."""
+    f = kept.pop(STATE)
+    try:
+        return torch.load(f, map_location=map_location, weights_only=True)
+    except Exception as e:  # unpickling errors come in many types
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "GLOBAL" in ln), type(e).__name__)
+        raise CheckpointError(f"checkpoint {path}: refused to load {STATE} with "
+                              f"weights_only=True (it needs an unsafe global): {why}") from None
+    finally:
+        f.close()
+        _close(kept)
