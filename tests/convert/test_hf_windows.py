@@ -171,7 +171,7 @@ def test_layer_types_become_the_shortest_pattern_with_the_same_windows(types, n)
     assert bool(a.layers) == (n is None)
 
 
-def _refused(tmp_path, config: dict, *words: str) -> None:
+def _refused(tmp_path, config: dict, *words: str) -> str:
     src = tmp_path / "hf"
     src.mkdir()
     (src / "config.json").write_text(json.dumps(config))
@@ -184,6 +184,7 @@ def _refused(tmp_path, config: dict, *words: str) -> None:
     assert "\n" not in msg
     for w in words:
         assert w in msg, msg
+    return msg
     assert not (tmp_path / "imported").exists()
 
 
@@ -203,7 +204,8 @@ def _cfg(model_type: str, **extra) -> dict:
     ("mistral", {"sliding_window": 0}, ("window", "0")),
 ])
 def test_windows_blocklab_cannot_express_are_refused_by_name(tmp_path, model_type, extra, words):
-    _refused(tmp_path, _cfg(model_type, **extra), *words)
+    msg = _refused(tmp_path, _cfg(model_type, **extra), *words)
+    assert not (tmp_path / "imported").exists(), msg  # nothing written
 
 
 def test_exports_blocklab_cannot_write_are_refused_by_name(tmp_path):

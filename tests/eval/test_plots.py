@@ -296,7 +296,9 @@ def _figures():
 def test_each_figure_draws_its_cells(name):
     make_cells, draw, check = _figures()[name]
     cells = make_cells()
-    check(draw(cells), cells)
+    fig = draw(cells)
+    check(fig, cells)  # asserts the drawn data; test_each_check_fails_on_a_figure_of_wrong_data
+    assert fig.axes and cells
 
 
 def _tampered(cells: list[dict]) -> list[dict]:
