@@ -184,6 +184,23 @@ def test_train_help_lists_the_groups_with_their_choices(capfd):
     assert "model/position=alibi" in out
 
 
+def test_a_help_template_that_names_hydras_group_lists_gets_them(tmp_path, capfd):
+    """blocklab's own templates list groups with ${blocklab_groups:} and Hydra skips its group
+    listing for them (10 s of a 12 s --help); a user's hydra/help that names
+    $APP_CONFIG_GROUPS still gets Hydra's list, user config directories included."""
+    (tmp_path / "hydra" / "help").mkdir(parents=True)
+    (tmp_path / "hydra" / "help" / "mine.yaml").write_text(
+        "app_name: mine\nheader: ''\nfooter: ''\ntemplate: |-\n  MINE\n  $APP_CONFIG_GROUPS\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my_tiny.yaml").write_text("defaults:\n  - retrieval_tiny\n")
+    out = run_cli(capfd, "blocklab-estimate", "--config-dir", str(tmp_path), "hydra/help=mine",
+                  "--help").stdout
+    assert out.startswith("MINE") and "model/position: " in out, out[:400]
+    assert "my_tiny" in out.split("\nmodel: ")[1].splitlines()[0]
+    plain = run_cli(capfd, "blocklab-estimate", "--config-dir", str(tmp_path), "--help").stdout
+    assert "$APP_CONFIG_GROUPS" not in plain and "my_tiny" in plain  # blocklab's listing
+
+
 @pytest.mark.parametrize("tool,doc", [("compare", "docs/sweeps.md"),
                                       ("repro", "docs/reproductions.md")])
 def test_the_other_commands_help_says_where_the_docs_are(capsys, tool, doc):
