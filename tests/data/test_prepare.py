@@ -318,6 +318,8 @@ def test_packed_windows_lay_the_training_documents_end_to_end(tmp_path) -> None:
     n = stream.n_train
     seen = sorted(tuple(stream.train_example(i).tokens) for i in range(n))
     assert seen == sorted(tuple(w.tokens) for w in windows)  # once per epoch
+    rows = stream.train_rows()  # all at once, as the repro's seen-in-training check reads them
+    assert rows.shape == (n, width) and [list(r) for r in rows] == [w.tokens for w in windows]
     from blocklab.objectives import IGNORE, CausalLM
 
     batch = CausalLM(pack_to=cfg.seq_len).collate([stream.train_example(i) for i in range(4)])

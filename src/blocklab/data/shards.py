@@ -193,6 +193,14 @@ class Windows(_Stream):
         return self._window(self.train_spans, self.train_ends,
                             self._permuted(index, self.n_train))
 
+    def train_rows(self) -> np.ndarray:
+        """Every training window's tokens, one row each (in stream order, not an epoch's):
+        the spans laid end to end, cut every ``seq_len + 1`` tokens, as ``_window`` cuts them."""
+        s = self.train_spans
+        flat = np.concatenate([s.corpus.doc(int(d))[int(a):int(b)]
+                               for d, a, b in zip(s.doc, s.start, s.stop)] or [np.zeros(0)])
+        return flat[:self.n_train * self.width].reshape(self.n_train, self.width)
+
     def val_example(self, index: int, step: int | None = None) -> Example:
         return self._window(self.val_spans, self.val_ends, index % self.n_val)
 

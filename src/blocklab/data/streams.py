@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from blocklab.config import ConfigError, DataConfig, DataName, TokenizerConfig, TokenizerName
 from blocklab.data.synthetic import Example
 from blocklab.data.tokenizer import BLOCKLAB_SPECIALS, Specials
 from blocklab.provenance import digest
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ExampleFn = Callable[[int, "int | None"], Example]
 
@@ -33,6 +37,8 @@ class Streams:
     specials: Specials = BLOCKLAB_SPECIALS  # the tokenizer's pad / bos / eos / mask ids
     val_examples: int | None = None  # distinct validation examples (text; None: endless)
     train_examples: int | None = None  # distinct training examples, one epoch (text)
+    # every training example's tokens as the rows of one array (packed text), else None
+    train_rows: Callable[[], np.ndarray] | None = None
 
 
 def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
@@ -99,7 +105,8 @@ def _streams(data: DataConfig, prepared, corpus, split, identity: dict, note: st
                    fingerprint=digest({"corpus": prepared.fingerprint, **reading, **identity}),
                    description=described, specials=prepared.specials,
                    val_examples=stream.val_examples,
-                   train_examples=stream.pieces - stream.val_examples)
+                   train_examples=stream.pieces - stream.val_examples,
+                   train_rows=getattr(stream, "train_rows", None))
 
 
 def build_eval_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
