@@ -198,7 +198,7 @@ class Windows(_Stream):
         the spans laid end to end, cut every ``seq_len + 1`` tokens, as ``_window`` cuts them."""
         s = self.train_spans
         flat = np.concatenate([s.corpus.doc(int(d))[int(a):int(b)]
-                               for d, a, b in zip(s.doc, s.start, s.stop)] or [np.zeros(0)])
+                               for d, a, b in zip(s.doc, s.start, s.stop)] or [np.zeros(0, np.int64)])
         return flat[:self.n_train * self.width].reshape(self.n_train, self.width)
 
     def val_example(self, index: int, step: int | None = None) -> Example:
