@@ -13,7 +13,7 @@ from blocklab.data import synthetic as syn
 from blocklab.repro import checks as ck
 from blocklab.repro import experiments as ex
 from blocklab.repro import measure as ms
-from blocklab.repro.runner import run_key
+from blocklab.repro.runner import run_key, with_lr
 from inprocess import SAFETY_S
 
 
@@ -89,6 +89,49 @@ def test_mqar_spread_layout_and_distances() -> None:
         syn.mqar(syn.example_rng(0, 0), vocab, 20, pairs=4)
 
 
+def test_mqar_zoology_layout_is_the_papers() -> None:
+    """Zoology's _mqar: records ``k v`` first, then each key once at the start of a 2-token
+    slot with its value after it (the target), one constant filler id everywhere else; no
+    BOS, no SEP; keys and values from disjoint ranges."""
+    vocab = syn.Vocab(n_filler=4, n_keys=32, n_values=32)
+    for i in range(40):
+        n, length = (4, 64) if i % 2 else (16, 256)
+        e = syn.mqar(syn.example_rng(0, i, "z"), vocab, length, pairs=n, layout="zoology")
+        assert len(e.tokens) == length == len(e.targets) and sum(e.targets) == n
+        keys, values = e.tokens[0:2 * n:2], e.tokens[1:2 * n:2]
+        assert set(keys) <= set(vocab.keys) and set(values) <= set(vocab.values)
+        assert len(set(keys)) == n and not any(e.targets[:2 * n])
+        answers = [t for t, on in enumerate(e.targets) if on]
+        assert all((t - 2 * n) % 2 == 1 for t in answers)  # the second token of a slot
+        assert sorted(e.tokens[t - 1] for t in answers) == sorted(keys)  # each key once
+        for t, d in zip(sorted(answers, key=lambda t: keys.index(e.tokens[t - 1])),
+                        e.meta["distances"]):
+            assert e.tokens[t] == values[keys.index(e.tokens[t - 1])]
+            assert e.tokens[t - d] == e.tokens[t]
+        queried = {t - 1 for t in answers} | set(answers)
+        assert {e.tokens[j] for j in range(2 * n, length) if j not in queried} == {
+            vocab.filler[0]}
+    with pytest.raises(ValueError, match="need length >= 16"):
+        syn.mqar(syn.example_rng(0, 0), vocab, 15, pairs=4, layout="zoology")
+
+
+def test_mqar_zoology_query_slots_follow_the_power_law() -> None:
+    """One pair: its slot g (0 = right after the record) is drawn with p ∝ (g + 1)^(a - 1),
+    a = 0.01: the observed frequency of each of the 8 nearest slots within 4 standard errors
+    of that (deterministic seeds)."""
+    vocab = syn.Vocab(n_filler=4, n_keys=8, n_values=8)
+    length, draws = 66, 20000
+    slots = (length - 2) // 2
+    weights = [(g + 1) ** (0.01 - 1) for g in range(slots)]
+    counts = [0] * slots
+    for i in range(draws):
+        e = syn.mqar(syn.example_rng(1, i, "p"), vocab, length, pairs=1, layout="zoology")
+        counts[(e.targets.index(True) - 2) // 2] += 1
+    for g in range(8):
+        p = weights[g] / sum(weights)
+        assert abs(counts[g] / draws - p) <= 4 * math.sqrt(p * (1 - p) / draws), (g, counts[g])
+
+
 def test_mqar_pairs_in_the_mixture_and_their_rules() -> None:
     """data.mqar_pairs gives Zoology's layout with exactly that many pairs; with
     data.mqar_min_pairs the count is drawn per sequence from the range (every value occurs);
@@ -104,11 +147,18 @@ def test_mqar_pairs_in_the_mixture_and_their_rules() -> None:
     counts = {ranged(i).meta["n_records"] for i in range(300)}
     assert counts == set(range(2, 9))
     assert fixed.fingerprint() != ranged.fingerprint()
+    zoology = Mixture(DataConfig(mqar_pairs=8, mqar_layout="zoology", **base))
+    assert syn.SEP not in zoology(0).tokens and syn.SEP in fixed(0).tokens
+    assert zoology.fingerprint() != fixed.fingerprint()
     for kw, match in ((dict(mqar_pairs=8, mqar_min_pairs=9), "mqar_min_pairs=9"),
                       (dict(mqar_min_pairs=2), "needs data.mqar_pairs"),
                       (dict(mqar_pairs=0), "mqar_pairs=0"),
                       (dict(mqar_pairs=17), "at least 86 tokens"),
-                      (dict(mqar_pairs=17, min_len=90, seq_len=128), "n_keys=16")):
+                      (dict(mqar_pairs=17, min_len=90, seq_len=128), "n_keys=16"),
+                      (dict(mqar_pairs=8, mqar_layout="grid"), "mqar_layout='grid'"),
+                      (dict(mqar_layout="zoology"), "needs data.mqar_pairs"),
+                      (dict(mqar_pairs=11, mqar_layout="zoology", min_len=43),
+                       r"zoology layout\) needs sequences of at least 44 tokens")):
         with pytest.raises(ConfigError, match=match):
             Mixture(DataConfig(**{**base, **kw}))
 
@@ -155,8 +205,8 @@ def test_breaks_change_an_arm_and_reuse_runs() -> None:
             assert changed, f"{name} --break {what} changes nothing"
             for b in changed:
                 assert run_key(b, 0) in keys  # no new training
-                twins = [a for a in arms if a.name != b.name
-                         and (a.overrides, a.eval_model) == (b.overrides, b.eval_model)]
+                twins = [a for a in arms if a.name != b.name and (a.overrides, a.eval_model, a.sweep)
+                         == (b.overrides, b.eval_model, b.sweep)]
                 assert twins, f"{name} --break {what}: {b.name} is like no other arm"
 
 
@@ -169,15 +219,118 @@ def test_protocols_compose_and_validate() -> None:
 
     for name in ex.NAMES:
         for size in ex.SIZES:
-            for arm in ex.experiment(name, size).sizes[size].arms:
+            arms = ex.experiment(name, size).sizes[size].arms
+            for arm in [with_lr(a, lr) for a in arms if a.sweep for lr in a.sweep.lrs] + [
+                    a for a in arms if not a.sweep]:
                 cfg = compose("train", [*RUN_DEFAULTS, *arm.overrides])
                 tc = validate_train(to_train_config(cfg))  # raises ConfigError when invalid
+                lr = [o for o in arm.overrides if o.startswith("optim.lr=")]
+                assert len(lr) <= 1 and (not lr or tc.optim.lr == float(lr[0].split("=")[1]))
                 steps = [o for o in arm.overrides if o.startswith("trainer.max_steps=")]
                 if not steps:  # a recipe's own length (experiment=...: its full size)
                     assert arm.overrides[0].startswith("experiment=") and size == "full"
                     steps = [f"trainer.max_steps={tc.trainer.max_steps}"]
                 assert steps and tc.trainer.max_steps == int(steps[-1].split("=")[1])
                 assert not tc.probes.enabled and not tc.checkpoint_probes.enabled
+
+
+def _fake_runs(monkeypatch, values: dict[float, float | None]) -> list[float]:
+    """Runs whose last logged val/accuracy is ``values[lr]`` (None: never logged), made by a
+    stand-in for training; returns the rates trained, in order."""
+    from blocklab.repro import runner
+
+    trained: list[float] = []
+
+    def train_arm(arm, seed, root, *, experiment, log=print):
+        lr = float(next(o for o in arm.overrides if o.startswith("optim.lr=")).split("=")[1])
+        trained.append(lr)
+        run = root / "runs" / f"{run_key(arm, seed)}-seed{seed}"
+        (run / "logs" / "version_0").mkdir(parents=True)
+        value = values[lr]
+        rows = ["step,val/accuracy,val/loss"] + (
+            ["100,0.1,2.0", f"200,{value},1.0"] if value is not None else ["100,,2.0"])
+        (run / "logs" / "version_0" / "metrics.csv").write_text("\n".join(rows) + "\n")
+        (run / "summary.json").write_text(json.dumps({"step": 200}))
+        return run, True
+
+    monkeypatch.setattr(runner, "train_arm", train_arm)
+    return trained
+
+
+@pytest.mark.parametrize(("values", "sweep", "chosen", "tried"), [
+    ({1e-3: 0.5, 3e-3: 0.9, 3e-4: 0.7}, ex.Sweep((1e-3, 3e-3, 3e-4)), 3e-3, 3),
+    ({1e-3: 0.9, 3e-3: 0.9, 3e-4: 0.7}, ex.Sweep((1e-3, 3e-3, 3e-4)), 1e-3, 3),  # tie: earlier
+    ({1e-3: None, 3e-3: 0.2, 3e-4: None}, ex.Sweep((1e-3, 3e-3, 3e-4)), 3e-3, 3),
+    ({1e-3: 0.5, 3e-3: 0.995, 3e-4: 1.0}, ex.Sweep((1e-3, 3e-3, 3e-4), enough=0.99), 3e-3, 2),
+    ({1e-3: 0.5, 3e-3: 0.9, 3e-4: 0.7}, ex.Sweep((1e-3, 3e-3, 3e-4), mode="min"), 1e-3, 3),
+])
+def test_a_sweep_measures_the_rate_best_on_validation(tmp_path, monkeypatch, values, sweep,
+                                                      chosen, tried):
+    from blocklab.repro.runner import train_sweep
+
+    trained = _fake_runs(monkeypatch, values)
+    arm = ex.Arm("a", ("model.n_layers=2",), sweep=sweep)
+    run_dir, n, entry = train_sweep(arm, sweep, 0, tmp_path, experiment="x", log=lambda s: None)
+    assert trained == list(sweep.lrs[:tried]) and n == tried
+    assert run_dir == tmp_path / "runs" / f"{run_key(with_lr(arm, chosen), 0)}-seed0"
+    assert entry["chosen_lr"] == chosen and [t["lr"] for t in entry["tried"]] == trained
+    assert [t["val/accuracy"] for t in entry["tried"]] == [values[lr] for lr in trained]
+    assert entry["untried"] == list(sweep.lrs[tried:])
+
+
+def test_a_swept_experiment_reports_every_rate_and_measures_the_chosen_run(tmp_path,
+                                                                           monkeypatch):
+    from blocklab.repro.runner import run, table
+
+    _fake_runs(monkeypatch, {1e-3: 0.5, 3e-3: 0.9})
+    arm = ex.Arm("a", ("model.n_layers=2",), sweep=ex.Sweep((1e-3, 3e-3)))
+    measured = []
+
+    def measure(run_dir, arm):
+        measured.append(run_dir)
+        return {"accuracy": ms.Tally(9, 10)}
+
+    exp = ex.Experiment("x", "X", "ref", "protocol", {"quick": ex.Protocol(
+        (arm,), (ck.AtLeast("a", "accuracy", 0.8),))}, measure)
+    outcome = run(exp, size="quick", seeds=2, root=tmp_path, log=lambda s: None)
+    assert outcome.passed and outcome.trained == 4
+    assert measured == [tmp_path / "runs" / f"{run_key(with_lr(arm, 3e-3), s)}-seed{s}"
+                        for s in (0, 1)]
+    assert [e["chosen_lr"] for e in outcome.sweeps["a"]] == [3e-3, 3e-3]
+    text = table(exp, outcome)
+    assert "| a | 0 | val/accuracy 0.001: 0.500 (200), 0.003*: 0.900 (200) | 0.003 |" in text
+
+
+def test_the_recall_state_figure_plots_every_measured_arm(tmp_path) -> None:
+    from blocklab.repro.recall import RECALL_STATE, figure
+    from blocklab.repro.runner import Outcome
+
+    arms = RECALL_STATE.sizes["full"].arms
+    measurements = {a.name: {"accuracy": [{"hits": 9, "trials": 10, "rate": 0.9}] * 2,
+                             "state bytes": [{"hits": 0, "trials": 0, "rate": 1024.0 * (i + 1)}]
+                             * 2} for i, a in enumerate(arms)}
+    outcome = Outcome("recall_state", "full", 2, None, [], measurements, {}, 1.0, 0)
+    files = figure(RECALL_STATE, outcome, tmp_path)
+    assert files == {"figure": str(tmp_path / "recall_state.png")}
+    assert (tmp_path / "recall_state.png").stat().st_size > 10_000
+
+
+def test_recall_state_arms_differ_only_in_the_mixer_within_a_cell() -> None:
+    """Every arm of a cell trains the same data, depth, width and budget: the mixer (and its
+    positions) is the only difference; each state size is its own arm."""
+    from blocklab.repro.recall import CELLS, RECALL_STATE
+
+    for size in ("quick", "full"):
+        arms = RECALL_STATE.sizes[size].arms
+        for length, pairs in CELLS[size]:
+            cell = [a for a in arms if a.name.endswith(f" {length}/{pairs}")]
+            shared = set.intersection(*(set(a.overrides) for a in cell))
+            for a in cell:
+                rest = set(a.overrides) - shared
+                assert all(o.startswith(("model/mixer=", "model/position=", "model.mixer.",
+                                         "model.attention.window=")) for o in rest), rest
+            assert len({a.overrides for a in cell}) == len(cell)
+            assert f"data.mqar_pairs={pairs}" in shared and "data.mqar_layout=zoology" in shared
 
 
 def test_cli_usage_errors_and_list(tmp_path, monkeypatch, capsys) -> None:
@@ -201,11 +354,12 @@ def test_cli_usage_errors_and_list(tmp_path, monkeypatch, capsys) -> None:
 
 
 # experiment -> models its quick protocol trains; receptive_field measures the runs mqar trained
-QUICK_GROUPS = [{"mqar": 2, "receptive_field": 0}, {"extrapolation": 3}]
+QUICK_GROUPS = [{"mqar": 2, "receptive_field": 0}, {"extrapolation": 3}, {"recall_state": 3}]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", QUICK_GROUPS, ids=["mqar+receptive_field", "extrapolation"])
+@pytest.mark.parametrize("group", QUICK_GROUPS,
+                         ids=["mqar+receptive_field", "extrapolation", "recall_state"])
 def test_quick_protocols_pass_and_their_breaks_fail(tmp_path, group) -> None:
     """The CI subset of every reference experiment meets its expected result, and every
     deliberate defect makes the same check fail, reusing the trained runs. In order within a

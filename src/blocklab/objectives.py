@@ -35,14 +35,20 @@ class LossOut:
     loss: Tensor  # mean over valid targets (0 when none)
     total: Tensor  # summed token loss
     count: Tensor  # number of valid targets
+    # valid targets whose argmax is the label (top-1 accuracy's numerator); None where not
+    # counted (training steps: the argmax would cost a pass over every logit for nothing)
+    correct: Tensor | None = None
 
 
-def token_loss(logits: Tensor, labels: Tensor) -> LossOut:
-    """Cross-entropy summed over non-ignored labels, divided by max(count, 1)."""
+def token_loss(logits: Tensor, labels: Tensor, *, accuracy: bool = False) -> LossOut:
+    """Cross-entropy summed over non-ignored labels, divided by max(count, 1); with
+    ``accuracy``, also the valid targets the logits' argmax predicts (ties: the lowest id)."""
     total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE,
                             reduction="sum")
-    count = (labels != IGNORE).sum()
-    return LossOut(total / count.clamp(min=1), total, count)
+    valid = labels != IGNORE
+    count = valid.sum()
+    correct = ((logits.detach().argmax(-1) == labels) & valid).sum() if accuracy else None
+    return LossOut(total / count.clamp(min=1), total, count, correct)
 
 
 def _pad(rows: list[list[int]], value: int, width: int | None = None) -> Tensor:
@@ -105,7 +111,10 @@ class Objective:
         raise NotImplementedError
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
-        return token_loss(self.logits(model, batch), batch["labels"])
+        """The batch's token loss; scored without gradients (validation, evaluation), also its
+        top-1 accuracy (``correct``)."""
+        return token_loss(self.logits(model, batch), batch["labels"],
+                          accuracy=not torch.is_grad_enabled())
 
     def target_logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
         """(N, V) logits of the supervised positions only (``labels != IGNORE``, row-major

@@ -1,5 +1,5 @@
 """Evaluation stands on the floor training stands on: a checkpoint evaluated on its own reports
-the validation loss its run logged, for every family — including the encoder's masked-LM
+the validation loss and accuracy its run logged, for every family — including the encoder's masked-LM
 objective on a dense (language-modelling) task, whose masked positions depend on the data seed
 and masking rate the objective is built with."""
 
@@ -29,9 +29,11 @@ def test_evaluation_reproduces_the_logged_validation_loss(family, tmp_path):
         "trainer.max_steps=6", "trainer.val_every_steps=6", "trainer.ckpt_every_steps=6",
         "probes=none", "logger=csv", f"run_dir={run_dir}"])
     train(cfg)
-    logged = [float(row["val/loss"]) for f in sorted((run_dir / "logs").glob("*/metrics.csv"))
-              for row in csv.DictReader(f.open()) if row.get("val/loss")]
-    assert logged, "the run logged no validation loss"
+    rows = [row for f in sorted((run_dir / "logs").glob("*/metrics.csv"))
+            for row in csv.DictReader(f.open()) if row.get("val/loss")]
+    assert rows, "the run logged no validation loss"
     got = validation_loss(run_dir)
     assert got["step"] == 6 and got["val_targets"] > 0
-    assert got["val_loss"] == pytest.approx(logged[-1], rel=1e-6, abs=1e-6)
+    assert got["val_loss"] == pytest.approx(float(rows[-1]["val/loss"]), rel=1e-6, abs=1e-6)
+    # correct targets are counted, not summed in floating point: the same ratio exactly
+    assert got["val_accuracy"] == pytest.approx(float(rows[-1]["val/accuracy"]), abs=1e-12)

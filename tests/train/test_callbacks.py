@@ -36,6 +36,22 @@ def test_early_stopping_stops_on_a_whole_step_with_its_checkpoint(tmp_path, capf
     assert f"continue with: blocklab-train resume={run}" in r.stderr
 
 
+@pytest.mark.parametrize(("threshold", "saved"), [(-1, [10]), (2, [10, 20])])
+def test_a_stopping_threshold_stops_at_the_first_check_beyond_it(tmp_path, capfd, threshold,
+                                                                 saved):
+    """val/accuracy is in [0, 1]: beyond -1 at the first validation (step 10), never beyond 2
+    (patience alone is too long to end the 20 steps)."""
+    r = run_cli(capfd, "blocklab-train", *SMOKE, f"out_root={tmp_path}",
+                "callbacks=[early_stopping]", "callbacks.early_stopping.monitor=val/accuracy",
+                "callbacks.early_stopping.mode=max", "callbacks.early_stopping.patience=100",
+                f"callbacks.early_stopping.stopping_threshold={threshold}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (run,) = (tmp_path / "smoke").iterdir()
+    assert steps_saved(run) == saved
+    assert ("stopped early at step 10 of 20: Stopping threshold reached: val/accuracy"
+            in r.stderr) == (threshold == -1)
+
+
 def test_max_time_stops_after_a_whole_step_with_its_checkpoint(tmp_path, capfd):
     r = run_cli(capfd, "blocklab-train", *SMOKE, f"out_root={tmp_path}",
                 "trainer.max_time='00:00:00:00'")
@@ -50,9 +66,12 @@ def test_max_time_stops_after_a_whole_step_with_its_checkpoint(tmp_path, capfd):
     (["trainer.profiler=fancy"], "trainer.profiler", "simple, advanced, pytorch"),
     (["trainer.log_grad_norm=all"], "trainer.log_grad_norm", "none, global, layer"),
     (["callbacks=[early_stopping]", "+callbacks.early_stopping.patiense=3"],
-     "callbacks.early_stopping.patiense", "options: monitor, mode, patience, min_delta"),
+     "callbacks.early_stopping.patiense",
+     "options: monitor, mode, patience, min_delta, stopping_threshold"),
     (["callbacks=[early_stopping]", "callbacks.early_stopping.monitor=val/acc"],
-     "callbacks.early_stopping.monitor", "val/loss, train/loss, train/grad_norm"),
+     "callbacks.early_stopping.monitor", "val/loss, val/accuracy, train/loss, train/grad_norm"),
+    (["callbacks=[early_stopping]", "callbacks.early_stopping.stopping_threshold=nan"],
+     "callbacks.early_stopping.stopping_threshold", "a finite number or null"),
     (["+callbacks.nosuch={}"], "callbacks.nosuch", "early_stopping, lr_monitor"),
 ])
 def test_bad_callback_and_trainer_options_fail_in_one_line(tmp_path, capfd, args, key, rule):

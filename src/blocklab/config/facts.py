@@ -14,10 +14,15 @@ def needle_min_length(n_distractors: int) -> int:
     return 3 * (n_distractors + 1) + 4 + n_distractors
 
 
-def mqar_min_length(pairs: int) -> int:
-    """Shortest Zoology-layout MQAR sequence (``data.mqar_pairs``): BOS, the records, one
-    ``SEP k v`` per key."""
-    return 1 + 5 * pairs
+MQAR_LAYOUTS = ("spread", "zoology")  # data.mqar_layout (with data.mqar_pairs)
+ZOOLOGY_POWER_A = 0.01  # Zoology's query slots: p(slot g) ∝ g^(a - 1), g = 1, 2, ...
+
+
+def mqar_min_length(pairs: int, layout: str = "spread") -> int:
+    """Shortest MQAR sequence with ``data.mqar_pairs`` pairs: ``spread``: BOS, the records, one
+    ``SEP k v`` per key; ``zoology``: the records and a query slot of 2 tokens per key (the
+    paper's ``4 n <= L``)."""
+    return 4 * pairs if layout == "zoology" else 1 + 5 * pairs
 
 
 def distinct_pairs(task: str, seq_len: int, max_distractors: int) -> int:

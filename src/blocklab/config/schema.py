@@ -14,9 +14,11 @@ from blocklab.config.facts import (  # noqa: F401 (re-exported: old imports keep
     COUNTING_MAX_COUNT,
     FILLERS,
     MARKOV_MIN_FILLER,
+    MQAR_LAYOUTS,
     MULTI_NEEDLE_VARIANTS,
     MULTIHOP_DISTRACTOR_CHAINS,
     MULTIHOP_HOPS,
+    ZOOLOGY_POWER_A,
     counting_choices,
     counting_min_length,
     distinct_ids,
@@ -144,6 +146,12 @@ class DataConfig:
     n_keys: int = 64
     n_values: int = 64
     tasks: TaskWeights = field(default_factory=TaskWeights)  # mixture weights by task
+    # synthetic: the tasks validation draws from (their data.tasks weights; [] = every task
+    # trained on), e.g. [mqar]: val/accuracy of recall alone while copying is in the mix
+    val_tasks: list[str] = field(default_factory=list)
+    # synthetic: validation sequences drawn at this length (null: lengths drawn as training's,
+    # min_len to seq_len; a task may give a few tokens fewer, e.g. copying an even count)
+    val_len: int | None = None
     n_distractors: list[int] = field(default_factory=lambda: [1, 3])  # inclusive range
     # mqar: null = records then every key queried (as many pairs as fit); n = Zoology's layout
     # (n pairs, then n queries spread among filler over the whole length)
@@ -151,6 +159,11 @@ class DataConfig:
     # with mqar_pairs: draw each sequence's pair count uniformly from [mqar_min_pairs,
     # mqar_pairs] (null = always mqar_pairs); easy few-pair sequences bootstrap recall
     mqar_min_pairs: int | None = None
+    # with mqar_pairs: spread = BOS, records, then ``SEP k v`` queries at uniform places among
+    # i.i.d. filler; zoology = the paper's exactly (Zoology's _mqar, Figure 2): records, then
+    # each key once in a 2-token slot at power-law distance after them (p ∝ g^-0.99, g = 1, ...:
+    # most queries close), its value the target, one constant filler id everywhere else
+    mqar_layout: str = "spread"
     fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
     # text: sources (prepared once into memory-mapped token shards, data/prepare.py)
     corpus: str | None = None  # built-in corpus name (e.g. shakespeare)

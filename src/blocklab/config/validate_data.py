@@ -13,6 +13,7 @@ from blocklab.config.schema import (
     FILLERS,
     LONG_DOCUMENTS,
     MARKOV_MIN_FILLER,
+    MQAR_LAYOUTS,
     SOURCE_FINGERPRINTS,
     UTF8_ERRORS,
     DataConfig,
@@ -41,6 +42,14 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
     if not all(_finite(w) and w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
         raise _fail(f"{key}.tasks", weights, "weights must be >= 0 with a positive sum")
     used = {k for k, w in weights.items() if w}
+    for task in d.val_tasks:
+        _check(task in used, f"{key}.val_tasks", list(d.val_tasks),
+               f"every validation task must be trained on; {task!r} is not "
+               f"(data.tasks with weight > 0: {', '.join(sorted(used))})")
+    _check(len(set(d.val_tasks)) == len(d.val_tasks), f"{key}.val_tasks", list(d.val_tasks),
+           "names a task twice")
+    _check(d.val_len is None or d.min_len <= d.val_len <= d.seq_len, f"{key}.val_len",
+           d.val_len, f"must be null or in min_len..seq_len ({d.min_len}..{d.seq_len})")
     _check(len(d.n_distractors) == 2, f"{key}.n_distractors", d.n_distractors,
            "needs [min, max]")
     lo, hi = d.n_distractors
@@ -73,12 +82,15 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
         lo = d.mqar_min_pairs
         _check(lo is None or 1 <= lo <= d.mqar_pairs, f"{key}.mqar_min_pairs", lo,
                f"must be null or in 1..data.mqar_pairs={d.mqar_pairs}")
-        shortest = mqar_min_length(d.mqar_pairs)
+        _one_of(f"{key}.mqar_layout", d.mqar_layout, MQAR_LAYOUTS)
+        shortest = mqar_min_length(d.mqar_pairs, d.mqar_layout)
         _check("mqar" not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
-               f"mqar with data.mqar_pairs={d.mqar_pairs} needs sequences of at least "
-               f"{shortest} tokens")
+               f"mqar with data.mqar_pairs={d.mqar_pairs} ({d.mqar_layout} layout) needs "
+               f"sequences of at least {shortest} tokens")
     _check(d.mqar_min_pairs is None or d.mqar_pairs is not None, f"{key}.mqar_min_pairs",
            d.mqar_min_pairs, "needs data.mqar_pairs (the Zoology layout) set")
+    _check(d.mqar_layout == "spread" or d.mqar_pairs is not None, f"{key}.mqar_layout",
+           d.mqar_layout, "needs data.mqar_pairs (the number of pairs) set")
     for task in sorted(used):
         n_k, n_v = ((d.mqar_pairs,) * 2 if task == "mqar" and d.mqar_pairs is not None
                     else distinct_ids(task, d.seq_len, hi))
@@ -168,6 +180,11 @@ def validate_text_sources(d: DataConfig, key: str = "data", *, evaluation: bool 
     _check(not ((named or d.val_split == "last") and d.val_files), f"{key}.val_split",
            d.val_split,
            f"data.val_files={list(d.val_files)} is the validation source already; give one")
+    for name in ("val_tasks", "val_len"):
+        value = getattr(d, name)
+        _check(not value, f"{key}.{name}", list(value) if name == "val_tasks" else value,
+               "synthetic data only (text validates on data.val_files, data.val_split or a "
+               "held-out part)")
     _one_of(f"{key}.documents", d.documents, DOCUMENT_SPLITS)
     _one_of(f"{key}.fingerprint", d.fingerprint, SOURCE_FINGERPRINTS)
     _check(d.num_proc is None or d.num_proc >= 1, f"{key}.num_proc", d.num_proc,

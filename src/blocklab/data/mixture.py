@@ -27,10 +27,16 @@ class Mixture:
     batch uniform in ``[min_len, max_len(step)]``, where max_len follows the short-to-long
     ``curriculum`` stages (docs/probes.md: key matching is learned on short sequences first)."""
 
-    def __init__(self, cfg: DataConfig, *, salt: str = "train") -> None:
+    def __init__(self, cfg: DataConfig, *, salt: str = "train", only: list[str] | None = None,
+                 length: int | None = None) -> None:
+        """``only``: draw from these tasks alone, at their weights (validation's
+        ``data.val_tasks``); ``length``: every sequence this long (``data.val_len``)."""
         validate_mixture(cfg)  # the mixture rules of config.validate_train, for direct use
         self.cfg, self.salt, self.vocab = cfg, salt, vocab_of(cfg)
+        self.length = length
         weights = task_weights(cfg)
+        if only:
+            weights = {k: w for k, w in weights.items() if k in only}
         self.names = sorted(weights)
         self.weights = [weights[n] for n in self.names]
 
@@ -47,7 +53,7 @@ class Mixture:
         # One length per batch (indices of a batch are consecutive): no padding waste.
         batch_rng = example_rng(c.seed, index // c.batch_size, self.salt + ":length")
         hi = c.seq_len if step is None else self.max_len(step)
-        length = batch_rng.randint(min(c.min_len, hi), hi)
+        length = self.length or batch_rng.randint(min(c.min_len, hi), hi)
         kw: dict = {"seed": c.seed}
         if name == "needle":
             kw |= {"n_distractors": rng.randint(*c.n_distractors), "filler": rng.choice(c.fillers)}
@@ -56,6 +62,7 @@ class Mixture:
         if name == "mqar" and c.mqar_pairs is not None:
             kw["pairs"] = (c.mqar_pairs if c.mqar_min_pairs is None
                            else rng.randint(c.mqar_min_pairs, c.mqar_pairs))
+            kw["layout"] = c.mqar_layout
         return TASKS[name](rng, self.vocab, length, **kw)
 
     def fingerprint(self) -> str:
@@ -68,5 +75,9 @@ class Mixture:
                 **({"mqar_pairs": self.cfg.mqar_pairs} if self.cfg.mqar_pairs is not None
                    else {}),
                 **({"mqar_min_pairs": self.cfg.mqar_min_pairs}
-                   if self.cfg.mqar_min_pairs is not None else {})}
+                   if self.cfg.mqar_min_pairs is not None else {}),
+                **({"val_tasks": sorted(self.cfg.val_tasks)} if self.cfg.val_tasks else {}),
+                **({"val_len": self.cfg.val_len} if self.cfg.val_len is not None else {}),
+                **({"mqar_layout": self.cfg.mqar_layout} if self.cfg.mqar_layout != "spread"
+                   else {})}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

@@ -50,7 +50,8 @@ def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
                           "data uses tokenizer=synthetic")
     from blocklab.data.mixture import Mixture
 
-    train, val = Mixture(data, salt="train"), Mixture(data, salt="val")
+    train = Mixture(data, salt="train")
+    val = Mixture(data, salt="val", only=list(data.val_tasks), length=data.val_len)
     return Streams(train=train, val=lambda i, step=None: val(i, None),
                    tokenizer=json.dumps(train.vocab.to_dict(), sort_keys=True),
                    vocab_size=train.vocab.size, fingerprint=train.fingerprint())

@@ -183,13 +183,18 @@ def kv_records(rng: random.Random, vocab: Vocab, length: int, *, gold: int | Non
 
 
 def mqar(rng: random.Random, vocab: Vocab, length: int, *, pairs: int | None = None,
-         seed: int = 0) -> Example:
+         layout: str = "spread", seed: int = 0) -> Example:
     """Multi-query associative recall ("Zoology", arXiv 2312.04927): records, then every key
     queried once in random order — dense supervision that speeds up learning to match keys.
-    With ``pairs`` the layout is Zoology's instead: ``BOS k1 v1 … kn vn`` then the n queries
-    ``SEP ki → vi`` in random order at random places among i.i.d. filler, exactly ``length``
-    tokens (``meta["distances"]``: tokens from each queried value's record to its answer)."""
+    With ``pairs``, exactly ``length`` tokens (``meta["distances"]``: tokens from each queried
+    value's record to its answer) laid out as ``layout``: ``spread``, ``BOS k1 v1 … kn vn``
+    then the n queries ``SEP ki → vi`` in random order at random places among i.i.d. filler;
+    ``zoology``, the paper's own (:func:`blocklab.data.zoology.mqar_zoology`)."""
     if pairs is not None:
+        if layout == "zoology":
+            from blocklab.data.zoology import mqar_zoology
+
+            return mqar_zoology(rng, vocab, length, pairs)
         return _mqar_spread(rng, vocab, length, pairs)
     m = (length - 1) // 6
     if m < 1:

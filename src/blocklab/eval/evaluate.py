@@ -63,24 +63,47 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
     if model is None:
         model, _ = ckpt.model_of(loaded)
     objective = build_objective(tc.model.family.name, tc.data, streams.specials)
-    total, count = summed_loss(model, objective, streams.val, ResumableBatches(
+    summed = summed_loss(model, objective, streams.val, ResumableBatches(
         batch_size or tc.data.batch_size, stop=batches or tc.data.val_batches))
-    result.update(val_loss=total / max(count, 1), val_targets=count)
+    result.update(val_loss=summed.loss, val_targets=summed.count)
+    if summed.accuracy is not None:
+        result["val_accuracy"] = summed.accuracy
     out_dir = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "val.json").write_text(json.dumps(result, indent=2))
     return result
 
 
+@dataclasses.dataclass
+class Summed:
+    """Loss summed over ``count`` targets, and how many of them the argmax predicts (None
+    where the objective does not count them)."""
+
+    total: float = 0.0
+    count: int = 0
+    correct: int | None = 0
+
+    @property
+    def loss(self) -> float:
+        return self.total / max(self.count, 1)
+
+    @property
+    def accuracy(self) -> float | None:
+        return None if self.correct is None else self.correct / max(self.count, 1)
+
+
 def summed_loss(model: torch.nn.Module, objective: Any, make: Callable[..., Any],
-                batches: Iterable[Sequence[tuple[int, int | None]]]) -> tuple[float, int]:
-    """(summed loss, targets) of ``model`` over the examples ``make(index, step)`` of each
-    batch of ``(index, step)`` keys, collated and scored by the family's ``objective``."""
-    total, count = 0.0, 0
+                batches: Iterable[Sequence[tuple[int, int | None]]]) -> Summed:
+    """Summed loss, targets and correct targets of ``model`` over the examples
+    ``make(index, step)`` of each batch of ``(index, step)`` keys, collated and scored by the
+    family's ``objective`` (as validation in training does)."""
+    s = Summed()
     for keys in batches:
         out = objective.loss(model, objective.collate([make(*k) for k in keys]))
-        total, count = total + float(out.total), count + int(out.count)
-    return total, count
+        s.total, s.count = s.total + float(out.total), s.count + int(out.count)
+        s.correct = None if s.correct is None or out.correct is None else (
+            s.correct + int(out.correct))
+    return s
 
 
 @torch.no_grad()
@@ -104,10 +127,10 @@ def corpus_loss(loaded: ckpt.Loaded, data: DataConfig, *, model: torch.nn.Module
     size = batch_size or loaded.config.data.batch_size
     n = streams.val_examples if not batches else min(streams.val_examples, batches * size)
     objective = build_objective(loaded.config.model.family.name, data, streams.specials)
-    total, count = summed_loss(model, objective, streams.val,
-                               ([(i, None) for i in range(a, min(a + size, n))]
-                                for a in range(0, n, size)))
-    loss = total / max(count, 1)
+    summed = summed_loss(model, objective, streams.val,
+                         ([(i, None) for i in range(a, min(a + size, n))]
+                          for a in range(0, n, size)))
+    loss, count = summed.loss, summed.count
     source, what = validation_source(data)  # what was read: its validation source, if named
     file = out / (f"data-{streams.fingerprint}"
                   + (f"-{n}" if n < streams.val_examples else "") + ".json")
@@ -126,7 +149,9 @@ def result_lines(r: dict[str, Any]) -> list[str]:
     lines = []
     if r.get("val_loss") is not None:
         lines.append(f"checkpoint {r['checkpoint']} (step {r['step']}): val/loss "
-                     f"{r['val_loss']:.4f} over {r['val_targets']} targets")
+                     f"{r['val_loss']:.4f} over {r['val_targets']} targets"
+                     + (f" (val/accuracy {r['val_accuracy']:.4f})" if "val_accuracy" in r
+                        else ""))
     elif r.get("skipped"):
         lines.append(f"checkpoint {r['checkpoint']}: {r['skipped']}")
     c = r.get("corpus")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -57,6 +58,7 @@ class Trained:
     model: torch.nn.Module
     vocab: syn.Vocab
     data_seed: int
+    config: Any = None  # the run's training config (TrainConfig), as stored
 
 
 def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()) -> Trained:
@@ -81,8 +83,8 @@ def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()) -> Trained:
         model = changed.eval()
     if not getattr(model, "decoder", None) or getattr(model, "encoder", None):
         raise ValueError(f"{run_dir}: the reference experiments measure decoder-only models")
-    data = stored_train_config(meta).data
-    return Trained(model, vocab_of(data), data.seed)
+    tc = stored_train_config(meta)
+    return Trained(model, vocab_of(tc.data), tc.data.seed, tc)
 
 
 @torch.no_grad()
@@ -106,11 +108,13 @@ def target_hits(model: torch.nn.Module, examples: list[syn.Example], *,
     return out
 
 
-def mqar_examples(vocab: syn.Vocab, *, n: int, length: int, pairs: int,
+def mqar_examples(vocab: syn.Vocab, *, n: int, length: int, pairs: int, layout: str = "spread",
                   seed: int = EVAL_SEED) -> list[syn.Example]:
-    """Zoology-layout MQAR sequences (every key queried once, queries spread over the length)."""
-    return [syn.mqar(syn.example_rng(seed, i, f"repro:mqar:{length}:{pairs}"), vocab, length,
-                     pairs=pairs) for i in range(n)]
+    """MQAR sequences with ``pairs`` pairs, every key queried once (``layout``: ``spread``,
+    queries spread over the length after SEP markers; ``zoology``, the paper's exactly)."""
+    salt = f"repro:mqar:{length}:{pairs}" + ("" if layout == "spread" else f":{layout}")
+    return [syn.mqar(syn.example_rng(seed, i, salt), vocab, length, pairs=pairs, layout=layout)
+            for i in range(n)]
 
 
 def recall_at_gap(vocab: syn.Vocab, *, n: int, pairs: int, gap: int,

@@ -18,7 +18,7 @@ from typing import Any
 
 from blocklab.files import storage_error, write_text_atomic
 from blocklab.repro import checks as ck
-from blocklab.repro.experiments import Arm, Experiment
+from blocklab.repro.experiments import Arm, Experiment, Sweep
 from blocklab.repro.measure import Scalar, Tally
 
 # Every run of a reference experiment: no probes during or after training (the experiment
@@ -39,6 +39,8 @@ class Outcome:
     seconds: float
     trained: int  # runs trained (not reused) by this invocation
     files: dict[str, str] = field(default_factory=dict)
+    # arm -> one entry per seed: every rate tried, its selection value and steps, the chosen one
+    sweeps: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -75,6 +77,52 @@ def train_arm(arm: Arm, seed: int, root: Path, *, experiment: str, log=print) ->
     return run_dir, True
 
 
+def with_lr(arm: Arm, lr: float) -> Arm:
+    """The arm trained at learning rate ``lr`` (its own run key: cached like any arm)."""
+    return Arm(arm.name, (*arm.overrides, f"optim.lr={lr!r}"), arm.eval_model)
+
+
+def last_value(run_dir: Path, metric: str) -> float | None:
+    """The last logged value of ``metric`` in a finished run's metrics (None: never logged or
+    not finite)."""
+    import math
+
+    from blocklab.train.metrics import read_rows
+
+    values = [r[metric] for r in read_rows(run_dir) if r.get(metric) not in (None, "")]
+    value = float(values[-1]) if values else None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def train_sweep(arm: Arm, sweep: Sweep, seed: int, root: Path, *, experiment: str,
+                log=print) -> tuple[Path, int, dict[str, Any]]:
+    """Train ``arm`` at each rate of ``sweep`` (what is missing) and return the run chosen by
+    its selection metric, the number of runs trained, and the sweep's record for the report."""
+    tried: list[dict[str, Any]] = []
+    best: tuple[Path, float | None, float] | None = None
+    trained = 0
+    for lr in sweep.lrs:
+        run_dir, new = train_arm(with_lr(arm, lr), seed, root, experiment=experiment, log=log)
+        trained += new
+        value = last_value(run_dir, sweep.select)
+        steps = json.loads((run_dir / "summary.json").read_text()).get("step")
+        tried.append({"lr": lr, sweep.select: value, "steps": steps, "run": str(run_dir)})
+        if best is None or sweep.better(value, best[1]):
+            best = (run_dir, value, lr)
+        if sweep.suffices(value):
+            break
+    assert best is not None, "a sweep has at least one rate"
+    entry = {"seed": seed, "select": sweep.select, "mode": sweep.mode, "chosen_lr": best[2],
+             "tried": tried, "untried": [lr for lr in sweep.lrs[len(tried):]]}
+    log(f"{arm.name} seed {seed}: lr {best[2]:g} chosen ({sweep.select} "
+        + ", ".join(f"{t['lr']:g}: {_fmt(t[sweep.select])}" for t in tried) + ")")
+    return best[0], trained, entry
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def run(exp: Experiment, *, size: str, seeds: int | None, root: Path, broken: str | None = None,
         log=print) -> Outcome:
     """Train (what is missing), measure, check."""
@@ -86,10 +134,16 @@ def run(exp: Experiment, *, size: str, seeds: int | None, root: Path, broken: st
     n_seeds = seeds or protocol.seeds
     results: ck.Results = {}
     runs: dict[str, list[str]] = {}
+    sweeps: dict[str, list[dict[str, Any]]] = {}
     trained = 0
     for arm in arms:
         for seed in range(n_seeds):
-            run_dir, new = train_arm(arm, seed, root, experiment=exp.name, log=log)
+            if arm.sweep is None:
+                run_dir, new = train_arm(arm, seed, root, experiment=exp.name, log=log)
+            else:
+                run_dir, new, entry = train_sweep(arm, arm.sweep, seed, root,
+                                                  experiment=exp.name, log=log)
+                sweeps.setdefault(arm.name, []).append(entry)
             trained += new
             runs.setdefault(arm.name, []).append(str(run_dir))
             for metric, tally in exp.measure(run_dir, arm).items():
@@ -101,7 +155,7 @@ def run(exp: Experiment, *, size: str, seeds: int | None, root: Path, broken: st
     measurements = {arm: {m: [{"hits": t.hits, "trials": t.trials, "rate": t.rate} for t in ts]
                           for m, ts in metrics.items()} for arm, metrics in results.items()}
     return Outcome(exp.name, size, n_seeds, broken, rows, measurements, runs,
-                   round(time.perf_counter() - t0, 1), trained)
+                   round(time.perf_counter() - t0, 1), trained, sweeps=sweeps)
 
 
 def table(exp: Experiment, outcome: Outcome) -> str:
@@ -119,6 +173,18 @@ def table(exp: Experiment, outcome: Outcome) -> str:
             tallies = [Tally(t["hits"], t["trials"]) if t["trials"] else Scalar(t["rate"])
                        for t in ts]
             lines.append(f"| {arm} | {metric} | {ck.describe(tallies)} |")
+    if outcome.sweeps:
+        lines += ["", "Learning-rate sweeps: each rate's last validation value (steps trained); "
+                  "the measured run is the one marked *.", "",
+                  "| arm | seed | rates tried | chosen |", "|---|---|---|---|"]
+        for arm, entries in outcome.sweeps.items():
+            for e in entries:
+                tried = ", ".join(f"{t['lr']:g}{'*' if t['lr'] == e['chosen_lr'] else ''}: "
+                                  f"{_fmt(t[e['select']])} ({t['steps']})" for t in e["tried"])
+                if e["untried"]:
+                    tried += " (not needed: " + ", ".join(f"{lr:g}" for lr in e["untried"]) + ")"
+                lines.append(f"| {arm} | {e['seed']} | {e['select']} {tried} | "
+                             f"{e['chosen_lr']:g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -136,10 +202,12 @@ def _write(exp: Experiment, outcome: Outcome, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "table.md", table(exp, outcome))
     outcome.files = {"table": str(out / "table.md"), "result": str(out / "result.json")}
+    if exp.figure is not None:
+        outcome.files |= exp.figure(exp, outcome, out)
     payload = {"experiment": outcome.experiment, "size": outcome.size, "seeds": outcome.seeds,
                "broken": outcome.broken, "passed": outcome.passed, "checks": outcome.rows,
                "measurements": outcome.measurements, "runs": outcome.runs,
-               "seconds": outcome.seconds, "trained": outcome.trained,
+               "seconds": outcome.seconds, "trained": outcome.trained, "sweeps": outcome.sweeps,
                "reference": exp.reference, "protocol": exp.protocol}
     write_text_atomic(out / "result.json", json.dumps(payload, indent=1))
 

@@ -59,9 +59,8 @@ def mean_loss(run: TextRun, make, indices: range, batch_size: int = 64) -> float
     from blocklab.eval.evaluate import summed_loss
 
     keys = [(i, None) for i in indices]
-    total, count = summed_loss(run.model, run.objective, make,
-                               (keys[a:a + batch_size] for a in range(0, len(keys), batch_size)))
-    return total / max(count, 1)
+    return summed_loss(run.model, run.objective, make,
+                       (keys[a:a + batch_size] for a in range(0, len(keys), batch_size))).loss
 
 
 def _gram_hashes(rows: np.ndarray, gram: int) -> np.ndarray:

@@ -17,6 +17,7 @@ written, so a stopped run ends on a whole optimizer step whose checkpoint resume
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,15 +28,18 @@ from lightning.pytorch.callbacks import EarlyStopping, Timer
 from blocklab.errors import ConfigError
 
 #: Metrics of a step's row that early stopping may monitor (train/metrics.py writes them).
-ROW_METRICS = ("val/loss", "train/loss", "train/grad_norm")
+ROW_METRICS = ("val/loss", "val/accuracy", "train/loss", "train/grad_norm")
 
 
 class StepEarlyStopping(EarlyStopping):
     """Lightning's EarlyStopping, checked once per logged row that holds ``monitor`` (a
-    validation step for ``val/loss``): ``patience`` counts such checks."""
+    validation step for ``val/loss``): ``patience`` counts such checks; ``stopping_threshold``
+    stops at the first check beyond it (Lightning's option: ``>`` for mode max, ``<`` for min)."""
 
-    def __init__(self, *, monitor: str, mode: str, patience: int, min_delta: float) -> None:
+    def __init__(self, *, monitor: str, mode: str, patience: int, min_delta: float,
+                 stopping_threshold: float | None = None) -> None:
         super().__init__(monitor=monitor, mode=mode, patience=patience, min_delta=min_delta,
+                         stopping_threshold=stopping_threshold,
                          check_on_train_epoch_end=False, verbose=False)
         self.stopped_step: int | None = None
         self.reason: str | None = None
@@ -127,6 +131,8 @@ class EarlyStoppingOptions:
     mode: str = "min"
     patience: int = 3  # checks (validation steps, for val/loss) without improvement
     min_delta: float = 0.0  # an improvement smaller than this does not count
+    # stop at the first check beyond this (mode max: >, min: <); null = patience only
+    stopping_threshold: float | None = None
 
 
 @dataclasses.dataclass
@@ -174,6 +180,10 @@ def _early_stopping_rules(o: EarlyStoppingOptions, key: str) -> None:
         raise _fail(f"{key}.patience", o.patience, "must be an integer >= 1")
     if not isinstance(o.min_delta, int | float) or o.min_delta < 0:
         raise _fail(f"{key}.min_delta", o.min_delta, "must be >= 0")
+    t = o.stopping_threshold
+    if t is not None and (isinstance(t, bool) or not isinstance(t, int | float)
+                          or not math.isfinite(t)):
+        raise _fail(f"{key}.stopping_threshold", t, "must be a finite number or null")
 
 
 def _lr_monitor_rules(o: LrMonitorOptions, key: str) -> None:
@@ -182,8 +192,9 @@ def _lr_monitor_rules(o: LrMonitorOptions, key: str) -> None:
 
 
 def _early_stopping(o: EarlyStoppingOptions) -> list:
+    threshold = None if o.stopping_threshold is None else float(o.stopping_threshold)
     return [StepEarlyStopping(monitor=o.monitor, mode=o.mode, patience=o.patience,
-                              min_delta=float(o.min_delta))]
+                              min_delta=float(o.min_delta), stopping_threshold=threshold)]
 
 
 def _lr_monitor(o: LrMonitorOptions) -> list:

@@ -6,7 +6,7 @@ checkpoints are written, and validates after that: a process killed between the 
 rows of the step before its newest checkpoint for good (and its validation), because the
 resumed run starts after them. Here the order is reversed: :class:`DurableMetrics` runs first
 among the batch-end callbacks, writes the step's row (training metrics on log steps, the
-validation loss on validation steps) and flushes it; only then are checkpoints written.
+validation loss and accuracy on validation steps) and flushes it; only then are checkpoints written.
 
 A run that crashed between two checkpoints leaves rows the resumed run writes again (it
 restarts at its checkpoint and replays those steps exactly). :func:`reconcile` moves them, when
@@ -27,7 +27,7 @@ import lightning as L
 
 
 class DurableMetrics(L.Callback):
-    """Writes each optimizer step's row (and the validation loss on validation steps) to the
+    """Writes each optimizer step's row (and validation loss and accuracy on validation steps) to the
     loggers, flushed, before the checkpoint callbacks of that step run."""
 
     def __init__(self, *, log_every: int, val_every: int, accumulate: int, max_steps: int) -> None:
@@ -46,8 +46,10 @@ class DurableMetrics(L.Callback):
         self._last_step = step
         row = pl_module.finish_step(log=step % self.log_every == 0 or step >= self.max_steps)
         if step % self.val_every == 0:
-            row["val/loss"] = pl_module.validation_loss()
-            pl_module.log("val/loss", row["val/loss"], logger=False, prog_bar=True, batch_size=1)
+            val = pl_module.validation_metrics()
+            row |= val
+            for name, value in val.items():
+                pl_module.log(name, value, logger=False, prog_bar=True, batch_size=1)
         if row:
             write_row(trainer, row, step)
         # what callbacks after this one (early stopping) read: the row of this very step

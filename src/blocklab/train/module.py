@@ -171,24 +171,30 @@ class LitModel(L.LightningModule):
         return row
 
     @torch.no_grad()
-    def validation_loss(self) -> float:
-        """Mean loss over the validation batches, on every rank together (each rank scores its
-        shard; totals and target counts are summed), with the model in eval mode."""
+    def validation_metrics(self) -> dict[str, float]:
+        """``val/loss`` (mean loss) and ``val/accuracy`` (top-1 over the supervised targets) of
+        the validation batches, on every rank together (each rank scores its shard; totals and
+        counts are summed), with the model in eval mode. An objective whose loss does not count
+        correct targets gives no ``val/accuracy``."""
         was_training = self.model.training
         self.model.eval()
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, targets, correct
+        counted = True
         try:
             for batch in self.trainer.datamodule.validation_loader():
                 out = self.objective.loss(self.model, self.trainer.strategy.batch_to_device(batch))
-                total += out.total.double()
-                count += out.count.double()
+                counted = counted and out.correct is not None
+                sums += torch.stack([out.total.double(), out.count.double(),
+                                     out.correct.double() if counted else sums.new_zeros(())])
         finally:
             self.model.train(was_training)
         if self.trainer.world_size > 1:
-            total = self.trainer.strategy.reduce(total, reduce_op="sum")
-            count = self.trainer.strategy.reduce(count, reduce_op="sum")
-        return float(total / count.clamp(min=1))
+            sums = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        n = float(sums[1].clamp(min=1))
+        row = {"val/loss": float(sums[0]) / n}
+        if counted:
+            row["val/accuracy"] = float(sums[2]) / n
+        return row
 
     def configure_model(self) -> None:
         """Under ``trainer.strategy=model_parallel``: FSDP2, each transformer block its own
