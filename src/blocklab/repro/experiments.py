@@ -166,9 +166,15 @@ def _mqar_protocol(size: str) -> Protocol:
                     tuple(checks), seeds=1 if size == "quick" else 3)
 
 
+def cell_of(name: str) -> tuple[int, int]:
+    """(length, pairs) of an arm named ``... <length>/<pairs>``."""
+    length, pairs = name.split()[-1].split("/")
+    return int(length), int(pairs)
+
+
 def _mqar_measure(run: Path, arm: Arm) -> dict[str, ms.Tally]:
     t = ms.load(run, arm.eval_model)
-    length, pairs = (int(x) for x in arm.name.split()[-1].split("/"))
+    length, pairs = cell_of(arm.name)
     return {"accuracy": ms.accuracy(t.model, ms.mqar_examples(t.vocab, n=256, length=length,
                                                                 pairs=pairs))}
 

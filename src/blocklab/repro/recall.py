@@ -19,7 +19,15 @@ from typing import Any
 
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
-from blocklab.repro.experiments import EARLY_STOP, Arm, Experiment, Protocol, Sweep, _swap
+from blocklab.repro.experiments import (
+    EARLY_STOP,
+    Arm,
+    Experiment,
+    Protocol,
+    Sweep,
+    _swap,
+    cell_of,
+)
 
 # (sequence length, key-value pairs) and model widths per size; full: Zoology's Figure-2 cells
 # that fit 2 CPU cores ((512, 64) and d_model 128 / 256 are left out: docs/reproductions.md)
@@ -78,11 +86,6 @@ def arm_name(mixer: str, length: int, pairs: int) -> str:
     return f"{mixer} {length}/{pairs}"
 
 
-def _cell(arm: Arm) -> tuple[int, int]:
-    length, pairs = arm.name.split()[-1].split("/")
-    return int(length), int(pairs)
-
-
 def _cell_checks(length: int, pairs: int, size: str) -> list[ck.Check]:
     name = functools.partial(arm_name, length=length, pairs=pairs)
     if size == "quick":
@@ -123,7 +126,7 @@ def _measure(run: Path, arm: Arm) -> dict[str, ms.Tally]:
     from blocklab.model.estimate import state_bytes
 
     t = ms.load(run)
-    length, pairs = _cell(arm)
+    length, pairs = cell_of(arm.name)
     m = t.config.model
     return {"accuracy": ms.accuracy(t.model, ms.mqar_examples(
                 t.vocab, n=N_MEASURED, length=length, pairs=pairs, layout="zoology")),
@@ -140,7 +143,7 @@ def figure(exp: Experiment, outcome: Any, out: Path) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = sorted({_cell(Arm(a, ())) for a in outcome.measurements})
+    cells = sorted({cell_of(a) for a in outcome.measurements})
     fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.6), squeeze=False)
     families: dict[str, str] = {}
     for length, _ in cells:
@@ -150,7 +153,7 @@ def figure(exp: Experiment, outcome: Any, out: Path) -> dict[str, str]:
     for ax, (length, pairs) in zip(axes[0], cells):
         by_family: dict[str, list[tuple[float, float]]] = {}
         for arm, metrics in outcome.measurements.items():
-            if _cell(Arm(arm, ())) != (length, pairs):
+            if cell_of(arm) != (length, pairs):
                 continue
             mixer = arm.rsplit(" ", 1)[0]
             x = metrics["state bytes"][0]["rate"]
@@ -222,5 +225,5 @@ def _swap_windows(arms: tuple[Arm, ...]) -> tuple[Arm, ...]:
     out = arms
     for a in arms:
         if a.name.startswith("window "):
-            out = _swap(out, a.name, arm_name("attention", *_cell(a)))
+            out = _swap(out, a.name, arm_name("attention", *cell_of(a.name)))
     return out
