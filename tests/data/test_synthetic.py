@@ -530,6 +530,35 @@ def test_mixture_draws_multihop_and_counting() -> None:
     assert set(tasks) == {"multihop", "counting"} and min(tasks.values()) > 60
 
 
+def test_multihop_hops_limits_the_hop_counts_training_draws() -> None:
+    """``data.multihop_hops=[lo, hi]``: every training chain has lo..hi hops (each drawn, as
+    far as they fit the length); the vocabulary rule and the shortest length follow the range;
+    the stream's fingerprint changes only when the range does."""
+    base = DataConfig(tasks=TaskWeights(needle=0, multihop=1), seq_len=64, min_len=64)
+    for lo, hi in ((1, 2), (2, 3), (4, 4)):
+        cfg = dataclasses.replace(base, multihop_hops=[lo, hi])
+        mix = Mixture(cfg)
+        hops = Counter(mix(i).meta["hops"] for i in range(300))
+        assert set(hops) == set(range(lo, hi + 1)), (lo, hi, hops)
+        assert mix.fingerprint() != Mixture(base).fingerprint()
+    assert set(Counter(Mixture(base)(i).meta["hops"] for i in range(300))) == {1, 2, 3, 4}
+    assert Mixture(dataclasses.replace(base, multihop_hops=[1, 4])).fingerprint() == \
+        Mixture(base).fingerprint()
+    # 1..2 hops at 64 tokens need 6 keys (2 hops x 3 chains), 1..4 need 12
+    validate_mixture(dataclasses.replace(base, multihop_hops=[1, 2], n_keys=6))
+    with pytest.raises(ConfigError, match=r"data\.n_keys"):
+        validate_mixture(dataclasses.replace(base, multihop_hops=[1, 2], n_keys=5))
+    with pytest.raises(ConfigError, match=r"data\.n_keys"):
+        validate_mixture(dataclasses.replace(base, n_keys=6))
+    # 3 hops and 1 distractor chain need 23 tokens
+    with pytest.raises(ConfigError, match=r"data\.min_len=22: multihop needs"):
+        validate_mixture(dataclasses.replace(base, multihop_hops=[3, 4], min_len=22))
+    validate_mixture(dataclasses.replace(base, multihop_hops=[3, 4], min_len=23))
+    for bad in ([0, 2], [3, 2], [2]):
+        with pytest.raises(ConfigError, match=r"data\.multihop_hops=.*1 <= min <= max"):
+            validate_mixture(dataclasses.replace(base, multihop_hops=bad))
+
+
 @pytest.mark.parametrize(("change", "key"), [
     ({"tasks": TaskWeights(needle=0, multihop=1), "n_keys": 11}, "data.n_keys"),
     ({"tasks": TaskWeights(needle=0, multihop=1), "n_values": 2}, "data.n_values"),

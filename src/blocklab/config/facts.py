@@ -78,10 +78,12 @@ def counting_min_length(candidates: int, margin: int,
     return 1 + candidates * max_count + margin + 1 + 2
 
 
-def multihop_choices(length: int) -> list[tuple[int, int]]:
+def multihop_choices(length: int, hops: tuple[int, int] | list[int] = MULTIHOP_HOPS
+                     ) -> list[tuple[int, int]]:
     """(hops, distractor chains) pairs the ``multihop`` training task draws from (uniformly) at
-    ``length``: the ranges above, restricted to what fits."""
-    return [(h, c) for h in range(MULTIHOP_HOPS[0], MULTIHOP_HOPS[1] + 1)
+    ``length``: ``hops`` (inclusive; ``data.multihop_hops``) and the distractor range above,
+    restricted to what fits."""
+    return [(h, c) for h in range(hops[0], hops[1] + 1)
             for c in range(MULTIHOP_DISTRACTOR_CHAINS[0], MULTIHOP_DISTRACTOR_CHAINS[1] + 1)
             if multihop_min_length(h, c) <= length]
 
@@ -93,11 +95,13 @@ def counting_choices(length: int) -> list[tuple[int, int]]:
             if counting_min_length(k, m) <= length]
 
 
-def distinct_ids(task: str, seq_len: int, max_distractors: int = 0) -> tuple[int, int]:
+def distinct_ids(task: str, seq_len: int, max_distractors: int = 0,
+                 hops: tuple[int, int] | list[int] = MULTIHOP_HOPS) -> tuple[int, int]:
     """(keys, values): distinct key-range and value-range ids that one ``task`` sequence of up
-    to ``seq_len`` tokens draws (variables of ``multihop`` are key-range ids)."""
+    to ``seq_len`` tokens draws (variables of ``multihop`` are key-range ids; ``hops``: the
+    range it draws hop counts from)."""
     if task == "multihop":
-        fit = multihop_choices(seq_len)
+        fit = multihop_choices(seq_len, hops)
         return (max((h * (c + 1) for h, c in fit), default=0),
                 max((c + 1 for _, c in fit), default=0))
     if task == "counting":

@@ -164,6 +164,9 @@ class DataConfig:
     # each key once in a 2-token slot at power-law distance after them (p ∝ g^-0.99, g = 1, ...:
     # most queries close), its value the target, one constant filler id everywhere else
     mqar_layout: str = "spread"
+    # multihop: training draws each sequence's hop count from this inclusive range (what fits
+    # its length; probes set their own hops)
+    multihop_hops: list[int] = field(default_factory=lambda: list(MULTIHOP_HOPS))
     fillers: list[str] = field(default_factory=lambda: ["iid", "phrase", "markov"])
     # text: sources (prepared once into memory-mapped token shards, data/prepare.py)
     corpus: str | None = None  # built-in corpus name (e.g. shakespeare)

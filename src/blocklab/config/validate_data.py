@@ -72,7 +72,9 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
            f"{MARKOV_MIN_FILLER} distinct successors)")
     for name in ("n_keys", "n_values"):
         _check(getattr(d, name) >= 1, f"{key}.{name}", getattr(d, name), "must be >= 1")
-    for task, shortest in (("multihop", multihop_min_length(1, 1)),
+    _check(len(d.multihop_hops) == 2 and 1 <= d.multihop_hops[0] <= d.multihop_hops[1],
+           f"{key}.multihop_hops", list(d.multihop_hops), "needs [min, max] with 1 <= min <= max")
+    for task, shortest in (("multihop", multihop_min_length(d.multihop_hops[0], 1)),
                            ("counting", counting_min_length(2, 1))):
         _check(task not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
                f"{task} needs sequences of at least {shortest} tokens")
@@ -93,7 +95,7 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
            d.mqar_layout, "needs data.mqar_pairs (the number of pairs) set")
     for task in sorted(used):
         n_k, n_v = ((d.mqar_pairs,) * 2 if task == "mqar" and d.mqar_pairs is not None
-                    else distinct_ids(task, d.seq_len, hi))
+                    else distinct_ids(task, d.seq_len, hi, d.multihop_hops))
         if d.n_keys < n_k or d.n_values < n_v:
             name = "n_keys" if d.n_keys < n_k else "n_values"
             raise _fail(f"{key}.{name}", getattr(d, name), f"{task} at seq_len={d.seq_len} "

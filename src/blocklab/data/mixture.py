@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import json
 
-from blocklab.config import DataConfig, validate_mixture
+from blocklab.config import MULTIHOP_HOPS, DataConfig, validate_mixture
 from blocklab.data.synthetic import TASKS, Example, Vocab, example_rng
 
 
@@ -59,6 +59,8 @@ class Mixture:
             kw |= {"n_distractors": rng.randint(*c.n_distractors), "filler": rng.choice(c.fillers)}
         if name in ("multihop", "counting"):  # hops / margins drawn by the task itself
             kw["filler"] = rng.choice(c.fillers)
+        if name == "multihop":
+            kw["hop_range"] = tuple(c.multihop_hops)
         if name == "mqar" and c.mqar_pairs is not None:
             kw["pairs"] = (c.mqar_pairs if c.mqar_min_pairs is None
                            else rng.randint(c.mqar_min_pairs, c.mqar_pairs))
@@ -79,5 +81,7 @@ class Mixture:
                 **({"val_tasks": sorted(self.cfg.val_tasks)} if self.cfg.val_tasks else {}),
                 **({"val_len": self.cfg.val_len} if self.cfg.val_len is not None else {}),
                 **({"mqar_layout": self.cfg.mqar_layout} if self.cfg.mqar_layout != "spread"
-                   else {})}
+                   else {}),
+                **({"multihop_hops": list(self.cfg.multihop_hops)}
+                   if tuple(self.cfg.multihop_hops) != MULTIHOP_HOPS else {})}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

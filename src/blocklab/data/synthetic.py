@@ -35,6 +35,7 @@ from typing import Any
 from blocklab.config import (
     COUNTING_MAX_COUNT,
     FILLERS,
+    MULTIHOP_HOPS,
     counting_choices,
     counting_min_length,
     mqar_min_length,
@@ -272,7 +273,7 @@ def place_inserts(rng: random.Random, hay: list[int], inserts: list[tuple[int, i
 
 def multihop(rng: random.Random, vocab: Vocab, length: int, *, hops: int | None = None,
              distractor_chains: int | None = None, filler: str = "iid",
-             seed: int = 0) -> Example:
+             seed: int = 0, hop_range: tuple[int, int] = MULTIHOP_HOPS) -> Example:
     """Variable tracking (RULER's ``vt``, arXiv 2404.06654): ``distractor_chains + 1`` chains
     of ``hops`` assignments each, exactly ``length`` tokens:
 
@@ -283,11 +284,11 @@ def multihop(rng: random.Random, vocab: Vocab, length: int, *, hops: int | None 
     are at slots drawn in chain order: the root (the statement farthest from the question)
     uniform over the haystack, every later one uniform after it, so ``farthest_depth`` is
     uniform. Chains interleave. Unset ``hops`` / ``distractor_chains`` (training) draw a pair
-    uniformly from :func:`multihop_choices` (what fits ``length``). ``meta``: ``hop_indices``
+    uniformly from :func:`multihop_choices` (what fits ``length``, hops in ``hop_range``). ``meta``: ``hop_indices``
     and ``hop_depths`` of the queried chain in chain order, ``farthest_depth``, ``answers``
     (every chain's root value, gold first)."""
     if hops is None or distractor_chains is None:
-        fit = [(h, c) for h, c in multihop_choices(length)
+        fit = [(h, c) for h, c in multihop_choices(length, hop_range)
                if (hops is None or h == hops)
                and (distractor_chains is None or c == distractor_chains)]
         if not fit:
