@@ -45,3 +45,31 @@ def test_bench_shakespeare_quick_runs_both_loops_on_the_same_model(tmp_path):
     assert set(res["peak_mb"]) == {"blocklab", "nanogpt"} and res["ratio_peak_memory"] > 0
     assert "blocklab / nanogpt tokens/s min/med/max" in r.stdout
     assert "load average" in r.stdout
+
+
+def test_probe_curves_reads_checkpoint_probes_back_across_versions(tmp_path, capsys):
+    """scripts/probe_curves.py: the hops probe's per-checkpoint accuracy, read from every
+    metrics.csv version (a resumed run's later row wins), as a table and a plot."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("probe_curves",
+                                                  ROOT / "scripts" / "probe_curves.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    run = tmp_path / "run"
+    for version, rows in ((0, [(10, "", "0.3"), (1000, "0.5", "0.4"), (2000, "0.9", "")]),
+                          (1, [(2000, "0.7", "0.6"), (3000, "1.0", "0.8")])):
+        d = run / "logs" / f"version_{version}"
+        d.mkdir(parents=True)
+        (d / "metrics.csv").write_text(
+            "step,train/loss,probe/hops_1_hops/accuracy,probe/hops_2_hops/accuracy\n"
+            + "".join(f"{s},{loss},{a},{b}\n" for s, a, b in rows
+                      for loss in ["1.0"]))
+    assert mod.main([str(run), "--out", str(tmp_path / "c.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| step | 1 hops | 2 hops |" in out
+    assert "| 10 | - | 0.30 |" in out and "| 2,000 | 0.70 | 0.60 |" in out
+    assert "| 3,000 | 1.00 | 0.80 |" in out and "train" not in out
+    assert (tmp_path / "c.png").stat().st_size > 5_000
+    assert mod.main([str(run), "--prefix", "probe/none_"]) == 3
+    assert "no metric starting with 'probe/none_'" in capsys.readouterr().err
