@@ -174,7 +174,7 @@ def figure(exp: Experiment, outcome: Any, out: Path) -> dict[str, str]:
         ax.set_xlabel("decode state after the sequence (bytes, bf16)")
         ax.set_title(f"MQAR {length} tokens, {pairs} pairs, d_model {WIDTH}")
     axes[0][0].set_ylabel("recall (accuracy at the queries)")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    axes[0][-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     path = out / "recall_state.png"
     fig.savefig(path, dpi=120)
