@@ -70,6 +70,21 @@ def test_packing_never_supervises_across_documents():
     assert seg[0, :5].eq(1).all() and seg[0, 5:12].eq(2).all() and seg[0, 12:15].eq(3).all()
 
 
+def test_rows_of_one_document_drop_their_segments_and_score_the_same():
+    """A packed batch whose every row is one document (and no padding) carries no segments,
+    so attention takes the plain causal path; its logits equal those computed with the
+    segments, and a batch with a boundary or padding in any row keeps them."""
+    one = CausalLM(pack_to=8).collate([_lm_example(9), _lm_example(9, 40)])
+    assert "segments" not in one
+    model = build_model(tiny()).eval()
+    with torch.no_grad():
+        plain = model(one["input_ids"])
+        same = model(one["input_ids"], segments=torch.ones_like(one["input_ids"]))
+    torch.testing.assert_close(plain, same, rtol=1e-5, atol=1e-6)
+    for exs in ([_lm_example(4), _lm_example(5, 40)], [_lm_example(9), _lm_example(6, 40)]):
+        assert "segments" in CausalLM(pack_to=8).collate(exs)
+
+
 def test_loss_is_a_mean_over_valid_targets_and_zero_without_any():
     logits = torch.randn(2, 5, 11, requires_grad=True)
     labels = torch.full((2, 5), IGNORE)
