@@ -67,6 +67,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"blocklab-repro: --break {args.broken}: not a defect of {args.name}; known: "
               + ", ".join(exp.breaks), file=sys.stderr)
         sys.exit(2)
+    if args.broken is not None:
+        arms = exp.sizes[args.size].arms
+        if exp.breaks[args.broken][1](arms) == arms:
+            print(f"blocklab-repro: --break {args.broken}: changes no row of {args.name} "
+                  f"--size {args.size} ({exp.breaks[args.broken][0]}: the full size has them)",
+                  file=sys.stderr)
+            sys.exit(2)
     if args.seeds is not None and args.seeds < 1:
         print(f"blocklab-repro: --seeds {args.seeds}: must be >= 1", file=sys.stderr)
         sys.exit(2)

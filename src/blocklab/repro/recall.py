@@ -13,10 +13,16 @@ recall (accuracy at the queries) and the decode state the mixer keeps after the 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from blocklab.model.linear import FeatureMap, LinearAttention, dot_kernel
+from blocklab.model.ssm import SelectiveSSM
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
 from blocklab.repro.experiments import (
@@ -219,7 +225,13 @@ RECALL_STATE = Experiment(
     sizes={s: _protocol(s) for s in ("quick", "full")},
     measure=_measure,
     breaks={"window-ignored": ("the window rows train global attention",
-                               lambda arms: _swap_windows(arms))},
+                               lambda arms: _swap_windows(arms)),
+            "taylor-identity": ("the Based rows' Taylor feature map replaced by the identity",
+                                lambda arms: _with_mixer(arms, "based ", IDENTITY_MAP)),
+            "ssm-input-independent": ("the SSM rows' step, B and C made independent of the "
+                                      "input (a time-invariant SSM)",
+                                      lambda arms: _with_mixer(arms, "ssm ", TIME_INVARIANT))},
+    training_breaks=frozenset({"taylor-identity", "ssm-input-independent"}),
     figure=figure,
 )
 
@@ -231,3 +243,49 @@ def _swap_windows(arms: tuple[Arm, ...]) -> tuple[Arm, ...]:
         if a.name.startswith("window "):
             out = _swap(out, a.name, arm_name("attention", *cell_of(a.name)))
     return out
+
+
+# ------------------------------------------------------------------- the mixers of two breaks
+
+class IdentityMapLinear(LinearAttention):
+    """Based's linear attention with its Taylor feature map replaced by the identity: φ(x) = x
+    on the ``feature_dim``-wide projections (``feature_dim`` features per head, not
+    ``1 + D + D²``), the kernel ``q·k``; everything else (short convolution, normaliser,
+    chunked form) Based's. The defect ``--break taylor-identity`` trains with."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.phi = FeatureMap(_identity, _identity, dot_kernel)
+        self.features = self.d_key
+
+
+class TimeInvariantSSM(SelectiveSSM):
+    """The selective SSM with its selection removed: Δ, B and C computed by the same layers
+    from a constant input, so they are the same at every token of every row (an S4D-like
+    time-invariant SSM; the convolution and the gate still see the input). The defect
+    ``--break ssm-input-independent`` trains with."""
+
+    def selection(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        low, B, C = self.x_proj(torch.ones_like(u[:1, :1])).split(
+            [self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = F.softplus(self.dt_proj(low).float())  # (1, 1, E)
+        shape = (*u.shape[:2], -1)
+        return dt.expand(shape), B.expand(shape), C.expand(shape)
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+IDENTITY_MAP, TIME_INVARIANT = "repro_identity_map_linear", "repro_time_invariant_ssm"
+
+
+def _with_mixer(arms: tuple[Arm, ...], prefix: str, mixer: str) -> tuple[Arm, ...]:
+    """The arms named ``prefix...`` trained with the broken ``mixer`` (registered here, as a
+    user's mixer is: only in a process that applies the break)."""
+    from blocklab.registry import register
+
+    register("mixer", IDENTITY_MAP)(IdentityMapLinear)
+    register("mixer", TIME_INVARIANT)(TimeInvariantSSM)
+    return tuple(replace(a, overrides=(*a.overrides, f"model.mixer.name={mixer}"))
+                 if a.name.startswith(prefix) else a for a in arms)

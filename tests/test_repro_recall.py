@@ -1,0 +1,114 @@
+"""The recall-against-state experiment's deliberate defects: each break trains its rows with a
+mixer that has exactly the named defect (checked against a brute-force reference), composes
+into a valid run, and touches only the rows it names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blocklab.repro.recall import (
+    IDENTITY_MAP,
+    RECALL_STATE,
+    TIME_INVARIANT,
+    IdentityMapLinear,
+    TimeInvariantSSM,
+)
+
+BREAKS = {"taylor-identity": ("based ", IDENTITY_MAP, IdentityMapLinear),
+          "ssm-input-independent": ("ssm ", TIME_INVARIANT, TimeInvariantSSM)}
+
+
+def _model(arm_overrides: tuple[str, ...]):
+    from blocklab.config import compose, validate_train
+    from blocklab.model import build_model
+    from blocklab.repro.runner import RUN_DEFAULTS
+    from blocklab.train.run import to_train_config
+
+    overrides = [o for o in arm_overrides if not o.startswith(("data.curriculum", "optim.lr"))]
+    tc = validate_train(to_train_config(compose("train", [*RUN_DEFAULTS, *overrides])))
+    tc.model.vocab_size = 64
+    torch.manual_seed(0)
+    return build_model(tc.model).eval()
+
+
+@pytest.mark.parametrize("what", list(BREAKS))
+def test_a_break_swaps_the_mixer_of_its_rows_only(what) -> None:
+    prefix, name, cls = BREAKS[what]
+    assert what in RECALL_STATE.training_breaks
+    arms = RECALL_STATE.sizes["full"].arms
+    broken = RECALL_STATE.breaks[what][1](arms)
+    changed = [b for a, b in zip(arms, broken) if a != b]
+    assert {b.name for b in changed} == {a.name for a in arms if a.name.startswith(prefix)}
+    assert changed and all(b.overrides[-1] == f"model.mixer.name={name}" for b in changed)
+    model = _model(changed[0].overrides)  # a valid run whose every mixer has the defect
+    mixers = [m for m in model.modules() if isinstance(m, cls.__mro__[1])]
+    assert mixers and all(type(m) is cls for m in mixers)
+
+
+def test_the_identity_map_is_linear_attention_with_phi_the_identity() -> None:
+    """The broken Based layer's output is ``Σ_{j<=i} (q_i·k_j) v_j / (Σ_{j<=i} q_i·k_j +
+    eps)`` of its own projections (after the short convolution), computed pair by pair."""
+    from blocklab.model.linear import EPS
+
+    arm = next(a for a in RECALL_STATE.breaks["taylor-identity"][1](
+        RECALL_STATE.sizes["full"].arms) if a.name.startswith("based f4"))
+    model = _model(arm.overrides)
+    layer = next(m for m in model.modules() if isinstance(m, IdentityMapLinear))
+    seen = {}
+    layer.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], y=out))
+    ids = torch.randint(8, 64, (2, 23))
+    with torch.no_grad():
+        model(ids)
+        x = seen["x"]
+        taps = layer.conv.kernel_size[0]  # the short convolution: causal, depthwise
+        x = F.conv1d(x.transpose(1, 2), layer.conv.weight, layer.conv.bias, padding=taps - 1,
+                     groups=x.shape[-1])[..., : x.shape[1]].transpose(1, 2)
+        h, e, dv = layer.n_heads, layer.d_key, layer.d_value
+        q, k, v = layer.qkv(x).split((h * e, h * e, h * dv), -1)
+        b, t, _ = x.shape
+        q, k, v = (z.reshape(b, t, h, -1).double() for z in (q, k, v))
+        heads = []
+        for i in range(t):
+            s = torch.einsum("bhe,bjhe->bjh", q[:, i], k[:, : i + 1])  # (B, i+1, H)
+            num = torch.einsum("bjh,bjhv->bhv", s, v[:, : i + 1])
+            heads.append(num / (s.sum(1)[..., None] + EPS))
+        y = layer.out(torch.stack(heads, 1).reshape(b, t, -1).float())
+    assert layer.features == e  # feature_dim features per head, not 1 + D + D²
+    torch.testing.assert_close(seen["y"], y, rtol=1e-3, atol=1e-4)
+
+
+def test_the_time_invariant_ssm_selects_the_same_at_every_token() -> None:
+    """Δ, B and C of the broken SSM do not depend on the input (every token, every row the
+    same), where the selective SSM's do; the layer's output still does."""
+    from blocklab.model.ssm import SelectiveSSM
+
+    arm = next(a for a in RECALL_STATE.sizes["full"].arms if a.name.startswith("ssm s4"))
+    selective = next(m for m in _model(arm.overrides).modules() if isinstance(m, SelectiveSSM))
+    broken = TimeInvariantSSM.__new__(TimeInvariantSSM)
+    broken.__dict__ = selective.__dict__  # the same weights, the broken selection
+    u = torch.randn(3, 11, selective.d_inner)
+    with torch.no_grad():
+        for dt, B, C in (broken.selection(u), broken.selection(u * 2 + 1)):
+            for z in (dt, B, C):
+                assert torch.equal(z, z[:1, :1].expand_as(z))
+        assert all(torch.equal(a, b) for a, b in zip(broken.selection(u),
+                                                     broken.selection(-u)))
+        dt, B, C = selective.selection(u)
+        assert not torch.allclose(B, B[:1, :1].expand_as(B))
+
+
+def test_a_break_of_rows_the_size_lacks_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    """The quick size has no Based or SSM row: the break would change nothing and pass, so
+    it is refused in one line (exit 2), nothing written."""
+    from blocklab.repro import main
+
+    monkeypatch.chdir(tmp_path)
+    for what in BREAKS:
+        with pytest.raises(SystemExit) as e:
+            main(["recall_state", "--size", "quick", "--break", what])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"--break {what}: changes no row" in err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "outputs").exists()
