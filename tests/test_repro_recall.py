@@ -4,10 +4,13 @@ into a valid run, and touches only the rows it names."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from blocklab.repro import measure as ms
 from blocklab.repro.recall import (
     IDENTITY_MAP,
     RECALL_STATE,
@@ -111,4 +114,38 @@ def test_a_break_of_rows_the_size_lacks_is_refused(tmp_path, monkeypatch, capsys
         err = capsys.readouterr().err
         assert e.value.code == 2 and f"--break {what}: changes no row" in err
         assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_only_trains_the_named_arms_and_never_passes(tmp_path, monkeypatch) -> None:
+    """``--only``: the arms whose names contain the words, nothing else trained; checks of
+    arms left out read 'not measured' and fail, so a part of a table never passes."""
+    from blocklab.repro import runner
+
+    exp = dataclasses.replace(RECALL_STATE, measure=lambda run, arm: {
+        "accuracy": ms.Tally(99, 100), "state bytes": ms.Scalar(1.0)})
+    trained = []
+
+    def fake(arm, sweep, seed, root, *, experiment, log):
+        trained.append(arm.name)
+        return tmp_path / arm.name, 1, {"seed": seed, "select": "x", "mode": "max",
+                                        "chosen_lr": 1e-3, "tried": [], "untried": []}
+
+    monkeypatch.setattr(runner, "train_sweep", fake)
+    out = runner.run(exp, size="quick", seeds=1, root=tmp_path, only=("attention",),
+                     log=lambda s: None)
+    assert trained == ["attention 64/4"] and set(out.measurements) == {"attention 64/4"}
+    assert not out.passed
+    verdicts = {r["expected"]: r for r in out.rows}
+    assert sum(r["observed"] == "not measured (--only)" for r in out.rows) == 2
+    assert any(r["passed"] for r in verdicts.values())  # attention >= 0.95 itself is checked
+
+
+def test_only_naming_no_arm_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    from blocklab.repro import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["recall_state", "--size", "quick", "--only", "mamba"])
+    assert e.value.code == 2 and "--only 'mamba': names no arm" in capsys.readouterr().err
     assert not (tmp_path / "outputs").exists()

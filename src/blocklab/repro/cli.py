@@ -13,6 +13,7 @@ interrupted; the line gives the command that resumes it).
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 
@@ -33,6 +34,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="seeds per arm (default: 3 for full, 1 for quick)")
     p.add_argument("--break", dest="broken", default=None, metavar="WHAT",
                    help="apply a deliberate defect the check must catch (see --list)")
+    p.add_argument("--only", action="append", default=[], metavar="WORDS",
+                   help="train and measure only the arms whose names contain WORDS (repeat "
+                        "for more; e.g. --only attention --only 'window 8'): a part of the "
+                        "table, whose checks of other arms read 'not measured' (exit 1)")
     p.add_argument("--root", default="outputs/repro", metavar="DIR",
                    help="runs are kept (and reused, by every experiment: the receptive-field "
                         "experiment's global arm is the mqar 2-layer arm) under DIR/runs "
@@ -67,12 +72,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"blocklab-repro: --break {args.broken}: not a defect of {args.name}; known: "
               + ", ".join(exp.breaks), file=sys.stderr)
         sys.exit(2)
+    names = [a.name for a in exp.sizes[args.size].arms]
+    for words in args.only:
+        if not any(words in n for n in names):
+            print(f"blocklab-repro: --only {words!r}: names no arm of {args.name} --size "
+                  f"{args.size}; arms: " + ", ".join(names), file=sys.stderr)
+            sys.exit(2)
     if args.broken is not None:
         arms = exp.sizes[args.size].arms
-        if exp.breaks[args.broken][1](arms) == arms:
+        broken = exp.breaks[args.broken][1](arms)
+        if all(a == b for a, b in zip(arms, broken)
+               if not args.only or any(w in a.name for w in args.only)):
             print(f"blocklab-repro: --break {args.broken}: changes no row of {args.name} "
-                  f"--size {args.size} ({exp.breaks[args.broken][0]}: the full size has them)",
-                  file=sys.stderr)
+                  f"--size {args.size}" + (" --only ..." if args.only else "")
+                  + f" ({exp.breaks[args.broken][0]})", file=sys.stderr)
             sys.exit(2)
     if args.seeds is not None and args.seeds < 1:
         print(f"blocklab-repro: --seeds {args.seeds}: must be >= 1", file=sys.stderr)
@@ -98,9 +111,11 @@ def _run(args: argparse.Namespace, exp) -> bool:
     # both checked before anything trains; runs are shared by every experiment: root/runs/<key>
     root = writable_dir(args.root, "--root")
     out = writable_dir(args.out or root / args.name / (
-        args.size + (f"-break-{args.broken}" if args.broken else "")), "--out")
+        args.size + (f"-break-{args.broken}" if args.broken else "")
+        + ("-only-" + "-".join(re.sub(r"[^A-Za-z0-9]+", "_", w) for w in args.only)
+           if args.only else "")), "--out")
     outcome = run(exp, size=args.size, seeds=args.seeds, root=root, broken=args.broken,
-                  log=lambda s: print(s, file=sys.stderr))
+                  only=tuple(args.only), log=lambda s: print(s, file=sys.stderr))
     write(exp, outcome, out)
     report(exp, outcome)
     return outcome.passed
