@@ -125,6 +125,9 @@ def _protocol(size: str) -> Protocol:
                 *EARLY_STOP), sweep=SWEEP[size]))
         checks += _cell_checks(length, pairs, size)
     if size == "full":  # where the state is tightest (Zoology / Based: as the pairs grow)
+        # Based recalls with a third of attention's state where the pairs fit it (seed 0: 0.989
+        # at lr 3e-3; with the identity map instead of the Taylor map 0.228)
+        checks.append(ck.AtLeast(arm_name("based f4", 64, 4), "accuracy", 0.9))
         name = functools.partial(arm_name, length=128, pairs=8)
         checks += [ck.AtMost(name("gated conv"), "accuracy", 0.5),
                    ck.Beats(name("attention"), "accuracy", other=name("gated conv")),
@@ -213,9 +216,9 @@ RECALL_STATE = Experiment(
               "(Taylor map, feature_dim 4 and 16, short convolution 3), linear attention "
               "(elu+1), the gated convolution, the selective SSM (d_state 4 and 8) and a "
               "gated-conv + attention hybrid; lr in {1e-3, 3e-3}; 3 seeds; attention >= 0.95 in "
-              "every cell, the wider window above the narrower one in every cell; at 128/8: "
-              "the gated convolution <= 0.5 and below attention, Based f16 above f4, SSM s8 "
-              "above s4. Differences from the papers, to fit 2 CPU cores: 16 keys and 16 values "
+              "every cell, the wider window above the narrower one in every cell; Based f4 "
+              ">= 0.9 at 64/4; at 128/8: the gated convolution <= 0.5 and below attention, "
+              "Based f16 above f4, SSM s8 above s4. Differences from the papers, to fit 2 CPU cores: 16 keys and 16 values "
               "(the paper: 8,192 ids), copying sequences in the training mix (weight 0.5; "
               "validation and measurement are MQAR alone) and a short-to-long curriculum "
               "(max(32, 5n+1) tokens, full length from step 500; without it attention stayed "
