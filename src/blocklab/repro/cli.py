@@ -72,17 +72,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"blocklab-repro: --break {args.broken}: not a defect of {args.name}; known: "
               + ", ".join(exp.breaks), file=sys.stderr)
         sys.exit(2)
+    from blocklab.repro.runner import chosen
+
     names = [a.name for a in exp.sizes[args.size].arms]
     for words in args.only:
-        if not any(words in n for n in names):
+        if not any(chosen(n, [words]) for n in names):
             print(f"blocklab-repro: --only {words!r}: names no arm of {args.name} --size "
                   f"{args.size}; arms: " + ", ".join(names), file=sys.stderr)
             sys.exit(2)
     if args.broken is not None:
         arms = exp.sizes[args.size].arms
         broken = exp.breaks[args.broken][1](arms)
-        if all(a == b for a, b in zip(arms, broken)
-               if not args.only or any(w in a.name for w in args.only)):
+        if all(a == b for a, b in zip(arms, broken) if chosen(a.name, args.only)):
             print(f"blocklab-repro: --break {args.broken}: changes no row of {args.name} "
                   f"--size {args.size}" + (" --only ..." if args.only else "")
                   + f" ({exp.breaks[args.broken][0]})", file=sys.stderr)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from blocklab.model.linear import FeatureMap, LinearAttention, dot_kernel
+from blocklab.model.linear import FeatureMap, LinearAttention, _identity, dot_kernel
 from blocklab.model.ssm import SelectiveSSM
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
@@ -276,10 +276,6 @@ class TimeInvariantSSM(SelectiveSSM):
         dt = F.softplus(self.dt_proj(low).float())  # (1, 1, E)
         shape = (*u.shape[:2], -1)
         return dt.expand(shape), B.expand(shape), C.expand(shape)
-
-
-def _identity(x: Tensor) -> Tensor:
-    return x
 
 
 IDENTITY_MAP, TIME_INVARIANT = "repro_identity_map_linear", "repro_time_invariant_ssm"

@@ -123,6 +123,11 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def chosen(arm: str, only: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``--only`` keeps the arm named ``arm`` (every arm without ``--only``)."""
+    return not only or any(w in arm for w in only)
+
+
 def run(exp: Experiment, *, size: str, seeds: int | None, root: Path, broken: str | None = None,
         only: tuple[str, ...] = (), log=print) -> Outcome:
     """Train (what is missing), measure, check. ``only``: the arms whose names contain one of
@@ -134,7 +139,7 @@ def run(exp: Experiment, *, size: str, seeds: int | None, root: Path, broken: st
     if broken is not None:
         arms = exp.breaks[broken][1](arms)
     if only:
-        arms = tuple(a for a in arms if any(w in a.name for w in only))
+        arms = tuple(a for a in arms if chosen(a.name, only))
     n_seeds = seeds or protocol.seeds
     results: ck.Results = {}
     runs: dict[str, list[str]] = {}
