@@ -84,7 +84,8 @@ def taylor_kernel(q: Tensor, k: Tensor) -> Tensor:
     return 1 + s + s * s / 2
 
 
-def _identity(x: Tensor) -> Tensor:
+def identity_features(x: Tensor) -> Tensor:
+    """``x`` unchanged — the part of a feature map that does nothing."""
     return x
 
 
@@ -99,8 +100,8 @@ class FeatureMap:
     kernel: Callable[[Tensor, Tensor], Tensor]
 
 
-FEATURE_MAPS = {"elu": FeatureMap(elu_features, _identity, dot_kernel),
-                "taylor": FeatureMap(_identity, taylor_features, taylor_kernel)}
+FEATURE_MAPS = {"elu": FeatureMap(elu_features, identity_features, dot_kernel),
+                "taylor": FeatureMap(identity_features, taylor_features, taylor_kernel)}
 
 
 def feature_width(feature_map: str, width: int) -> int:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from blocklab.model.linear import FeatureMap, LinearAttention, _identity, dot_kernel
+from blocklab.model.linear import FeatureMap, LinearAttention, dot_kernel, identity_features
 from blocklab.model.ssm import SelectiveSSM
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
@@ -260,7 +260,7 @@ class IdentityMapLinear(LinearAttention):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.phi = FeatureMap(_identity, _identity, dot_kernel)
+        self.phi = FeatureMap(identity_features, identity_features, dot_kernel)
         self.features = self.d_key
 
 
