@@ -316,8 +316,8 @@ def test_the_recall_state_figure_plots_every_measured_arm(tmp_path) -> None:
 
 
 def test_recall_state_arms_differ_only_in_the_mixer_within_a_cell() -> None:
-    """Every arm of a cell trains the same data, depth, width and budget: the mixer (and its
-    positions) is the only difference; each state size is its own arm."""
+    """Every arm of a cell trains the same data, depth, width and budget: the mixer (its
+    positions and head count) is the only difference; each state size is its own arm."""
     from blocklab.repro.recall import CELLS, RECALL_STATE
 
     for size in ("quick", "full"):
@@ -328,7 +328,8 @@ def test_recall_state_arms_differ_only_in_the_mixer_within_a_cell() -> None:
             for a in cell:
                 rest = set(a.overrides) - shared
                 assert all(o.startswith(("model/mixer=", "model/position=", "model.mixer.",
-                                         "model.attention.window=")) for o in rest), rest
+                                         "model.attention.window=", "model.n_heads="))
+                           for o in rest), rest
             assert len({a.overrides for a in cell}) == len(cell)
             assert f"data.mqar_pairs={pairs}" in shared and "data.mqar_layout=zoology" in shared
 
