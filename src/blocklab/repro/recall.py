@@ -70,16 +70,17 @@ def mixers(length: int, size: str) -> tuple[Mixer, ...]:
     # (quick: step 700); 4 heads: 0.289 after 1,000 steps. The other rows keep the 2 heads
     # they were measured with
     softmax = ("model/mixer=softmax", "model/position=rope")
+    attention = Mixer("attention", "attention", softmax, heads=1)
+
+    def window(w: int) -> Mixer:
+        return Mixer(f"window {w}", "sliding window", (*softmax, f"model.attention.window={w}"),
+                     heads=1)
+
     if size == "quick":  # the CI subset: attention against two trained windows
-        windows = (4, 16)
-        return (Mixer("attention", "attention", softmax, heads=1),
-                *(Mixer(f"window {w}", "sliding window", (*softmax, f"model.attention.window={w}"),
-                        heads=1) for w in windows))
+        return (attention, window(4), window(16))
     none = ("model/position=none",)
     return (
-        Mixer("attention", "attention", softmax, heads=1),
-        *(Mixer(f"window {w}", "sliding window", (*softmax, f"model.attention.window={w}"),
-                heads=1) for w in (length // 8, length // 2)),
+        attention, window(length // 8), window(length // 2),
         *(Mixer(f"based f{f}", "based (taylor)", (*none, "model/mixer=linear",
                                                    "model.mixer.feature_map=taylor",
                                                    f"model.mixer.feature_dim={f}",
