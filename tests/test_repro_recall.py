@@ -149,3 +149,47 @@ def test_only_naming_no_arm_is_refused(tmp_path, monkeypatch, capsys) -> None:
         main(["recall_state", "--size", "quick", "--only", "mamba"])
     assert e.value.code == 2 and "--only 'mamba': names no arm" in capsys.readouterr().err
     assert not (tmp_path / "outputs").exists()
+
+
+def test_the_flip_flop_row_trains_the_task_and_is_measured_beyond_its_gaps(monkeypatch) -> None:
+    """The selection row trains flip_flop alone (validation on it, a fixed budget: no early
+    stop) and is measured on held-out sequences 4x as long with writes 10x sparser, plus the
+    trained distribution; the break turns its mixer time-invariant like the other SSM rows."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from blocklab.data.synthetic import Vocab
+    from blocklab.repro import recall
+
+    arm = recall.flip_flop_arm()
+    assert arm in RECALL_STATE.sizes["full"].arms and arm not in RECALL_STATE.sizes["quick"].arms
+    assert not any(o.startswith("callbacks") for o in arm.overrides)
+    from blocklab.config import compose, validate_train
+    from blocklab.model import build_model
+    from blocklab.model.ssm import SelectiveSSM
+    from blocklab.repro.runner import RUN_DEFAULTS
+    from blocklab.train.run import to_train_config
+
+    tc = validate_train(to_train_config(compose("train", [*RUN_DEFAULTS, *arm.overrides])))
+    tc.model.vocab_size = 64
+    ssms = [m for m in build_model(tc.model).modules() if isinstance(m, SelectiveSSM)]
+    assert len(ssms) == 2 and all(type(m) is SelectiveSSM for m in ssms)  # selective, 2 layers
+    assert {k for k, v in dataclasses.asdict(tc.data.tasks).items() if v} == {"flip_flop"}
+    assert tc.data.val_tasks == ["flip_flop"] and tc.data.curriculum == []
+    assert tc.data.seq_len == tc.data.min_len == recall.FLIP_FLOP_LENGTH
+
+    seen: list = []
+    monkeypatch.setattr(ms, "load", lambda run: SimpleNamespace(model=None, vocab=Vocab()))
+    monkeypatch.setattr(ms, "accuracy", lambda model, examples: seen.append(examples)
+                        or ms.Tally(1, 1))
+    assert set(recall._measure(Path("run"), arm)) == {"accuracy", "accuracy at the trained gaps"}
+    far, trained = seen
+    assert len(far) == len(trained) == recall.N_MEASURED
+    assert {len(e.tokens) for e in far} == {4 * recall.FLIP_FLOP_LENGTH + 1}
+    assert {len(e.tokens) for e in trained} == {recall.FLIP_FLOP_LENGTH + 1}
+    mean = [sum(e.meta["distance"] for e in ex) / len(ex) for ex in (far, trained)]
+    assert mean[0] > 5 * mean[1]  # the last write much farther back than in training
+    assert all(sum(e.targets) == 1 for e in far + trained)  # one read, at the end
+
+    (broken,) = RECALL_STATE.breaks["ssm-input-independent"][1]((arm,))
+    assert broken.overrides[-1] == f"model.mixer.name={TIME_INVARIANT}"

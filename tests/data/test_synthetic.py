@@ -29,6 +29,7 @@ from blocklab.data.synthetic import (
     Vocab,
     copy,
     example_rng,
+    flip_flop,
     kv_records,
     markov_chain,
     markov_lm,
@@ -37,7 +38,7 @@ from blocklab.data.synthetic import (
 
 VOCAB = Vocab()
 EXACT = ("needle", "kv_records", "kv_records_query_aware", "markov_lm")  # len == length
-SHORTER = {"mqar": 5, "copy": 1}  # len <= length, by at most this much (whole records/halves)
+SHORTER = {"mqar": 5, "copy": 1, "flip_flop": 1}  # len <= length, by at most this much (whole records/halves)
 ALL_TASKS = TaskWeights(needle=1, kv_records=1, kv_records_query_aware=1, mqar=1, copy=1,
                         markov_lm=1)
 
@@ -55,7 +56,7 @@ def runs_of_mark(tokens: list[int]) -> list[int]:
 
 def test_task_table_is_the_documented_one() -> None:
     assert set(TASKS) == {"needle", "kv_records", "kv_records_query_aware", "mqar", "copy",
-                          "markov_lm", "multihop", "counting"}
+                          "markov_lm", "multihop", "counting", "flip_flop"}
     assert set(TASKS) == {f.name for f in dataclasses.fields(TaskWeights)}
 
 
@@ -93,9 +94,10 @@ def test_kv_records_uses_as_many_records_as_fit(name: str) -> None:
         make(name, 0, 3 + qa + 3)
 
 
-@pytest.mark.parametrize("name", ["mqar", "copy", "markov_lm"])
+@pytest.mark.parametrize("name", ["mqar", "copy", "markov_lm", "flip_flop"])
 def test_other_task_lengths(name: str) -> None:
-    """markov_lm: exactly ``length``; mqar / copy: whole records / halves, so ``<= length``."""
+    """markov_lm: exactly ``length``; mqar / copy / flip_flop: whole records / halves /
+    instruction pairs, so ``<= length``."""
     for length in range(8, 140):
         ex = make(name, length, length)
         assert len(ex.tokens) == len(ex.targets)
@@ -575,3 +577,83 @@ def test_check_mixture_rejects_new_tasks(change: dict, key: str) -> None:
     mix = Mixture(ok)
     for i in range(100):
         mix(i)
+
+
+# ---------------------------------------------------------------------------------- flip-flop
+
+
+def _replay(tokens: list[int]) -> tuple[list[int], int, int]:
+    """Run a flip-flop program: the answer each read must give, the writes, and the distance
+    from the last written value to the end."""
+    answers, last, writes, at = [], None, 0, 0
+    for i in range(1, len(tokens), 2):
+        op, v = tokens[i], tokens[i + 1]
+        assert op in (MARK, REC, SEP), op
+        if op == SEP:
+            answers.append(last)
+            assert v == last  # a read carries the last written value
+        elif op == MARK:
+            last, writes, at = v, writes + 1, i + 1
+    return answers, writes, len(tokens) - 1 - at
+
+
+@pytest.mark.parametrize("p_read", [0.0, 0.1, 0.5])
+def test_flip_flop_reads_give_the_last_write(p_read: float) -> None:
+    vocab = VOCAB
+    for i, length in enumerate([5, 6, 7, 64, 129, 513]):
+        for j in range(20):
+            ex = flip_flop(example_rng(3, 100 * i + j), vocab, length, p_read=p_read)
+            assert ex.tokens[0] == BOS and ex.tokens[1] == MARK and ex.tokens[-2] == SEP
+            answers, writes, distance = _replay(ex.tokens)
+            supervised = [t for t, on in zip(ex.tokens, ex.targets) if on]
+            assert supervised == answers  # exactly the read values are supervised
+            assert [k for k, on in enumerate(ex.targets) if on] == [
+                k + 1 for k in range(1, len(ex.tokens), 2) if ex.tokens[k] == SEP]
+            assert ex.meta == {"task": "flip_flop", "writes": writes, "distance": distance}
+            if p_read == 0:
+                assert len(answers) == 1  # one read, at the end
+            assert set(ex.tokens[2::2]) <= set(vocab.values[:2])  # the first 2 value ids
+
+
+def test_flip_flop_rates_and_the_ignored_values_look_like_written_ones() -> None:
+    ops, values = Counter(), {MARK: Counter(), REC: Counter()}
+    for i in range(300):
+        toks = flip_flop(example_rng(0, i), VOCAB, 129, p_write=0.2, p_read=0.1,
+                         symbols=3).tokens
+        for k in range(3, len(toks) - 2, 2):  # the pairs drawn by rate: not the first or last
+            ops[toks[k]] += 1
+            if toks[k] in values:
+                values[toks[k]][toks[k + 1]] += 1
+    total = sum(ops.values())
+    for op, p in ((MARK, 0.2), (SEP, 0.1), (REC, 0.7)):
+        assert abs(ops[op] / total - p) < 0.01, (op, ops[op] / total)
+    for counts in values.values():  # ignored and written values: uniform over the 3 symbols
+        assert set(counts) == set(VOCAB.values[:3])
+        assert max(counts.values()) / min(counts.values()) < 1.1
+
+
+def test_flip_flop_sparser_writes_mean_longer_holds() -> None:
+    def mean_distance(p: float) -> float:
+        return sum(flip_flop(example_rng(1, i), VOCAB, 513, p_write=p).meta["distance"]
+                   for i in range(200)) / 200
+
+    dense, sparse = mean_distance(0.1), mean_distance(0.01)
+    assert 15 < dense < 25 and sparse > 4 * dense  # about 2 / p tokens back, capped by the length
+
+
+@pytest.mark.parametrize("kw", [{"p_write": 0}, {"p_write": 1.1}, {"p_read": -0.1},
+                                {"p_write": 0.6, "p_read": 0.5}, {"symbols": 0}])
+def test_flip_flop_refuses_impossible_rates(kw: dict) -> None:
+    with pytest.raises(ValueError, match="flip_flop"):
+        flip_flop(example_rng(0, 0), VOCAB, 64, **kw)
+    with pytest.raises(ValueError, match="too short"):
+        flip_flop(example_rng(0, 0), VOCAB, 4)
+
+
+def test_flip_flop_needs_its_symbols_in_the_value_range() -> None:
+    cfg = DataConfig(tasks=TaskWeights(needle=0, flip_flop=1), n_values=1)
+    with pytest.raises(ConfigError, match=r"data\.n_values=1: flip_flop .*needs 0 distinct keys "
+                                          r"and 2 distinct values"):
+        validate_mixture(cfg)
+    mix = Mixture(dataclasses.replace(cfg, n_values=2))
+    assert all(mix(i).meta["task"] == "flip_flop" for i in range(50))

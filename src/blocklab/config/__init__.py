@@ -36,6 +36,8 @@ from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     COUNTING_MAX_COUNT,
     FILLERS,
+    FLIP_FLOP_SYMBOLS,
+    FLIP_FLOP_WRITE,
     MULTI_NEEDLE_VARIANTS,
     MULTIHOP_HOPS,
     AggregationProbeConfig,
@@ -104,6 +106,8 @@ __all__ = [
     "CONFIG_MODULE",
     "COUNTING_MAX_COUNT",
     "FILLERS",
+    "FLIP_FLOP_SYMBOLS",
+    "FLIP_FLOP_WRITE",
     "MODEL_AXES",
     "MULTIHOP_HOPS",
     "MULTI_NEEDLE_VARIANTS",

@@ -28,11 +28,11 @@ def mqar_min_length(pairs: int, layout: str = "spread") -> int:
 def distinct_pairs(task: str, seq_len: int, max_distractors: int) -> int:
     """Distinct keys (and as many values) that one ``task`` sequence of up to ``seq_len`` tokens
     draws from the synthetic vocabulary (0: the task draws no keys)."""
-    if task in ("multihop", "counting"):  # unequal key / value needs: distinct_ids
+    if task in ("multihop", "counting", "flip_flop"):  # unequal key / value needs: distinct_ids
         return max(distinct_ids(task, seq_len, max_distractors))
     return {"needle": max_distractors + 1, "kv_records": (seq_len - 4) // 3,
             "kv_records_query_aware": (seq_len - 6) // 3,
-            "mqar": (seq_len - 1) // 6}.get(task, 0)
+            "mqar": (seq_len - 1) // 6, "flip_flop": FLIP_FLOP_SYMBOLS}.get(task, 0)
 
 
 # Variable tracking (``multihop``) and aggregation (``counting``) as training tasks: the ranges
@@ -43,6 +43,11 @@ COUNTING_CANDIDATES = (2, 4)  # distinct candidate ids
 COUNTING_MARGINS = (1, 3)  # winner count - runner-up count
 COUNTING_MAX_COUNT = 4  # the runner-up occurs 1..4 times (probes and training alike)
 MULTI_NEEDLE_VARIANTS = ("multikey", "multivalue", "multiquery")
+# State that is written and held (``flip_flop``, Liu et al. 2023's flip-flop language): the
+# probability of a write per instruction pair (the rest are ignores; one read, at the end,
+# unless a read probability is given) and the symbols written, the first value-range ids
+FLIP_FLOP_WRITE = 0.1
+FLIP_FLOP_SYMBOLS = 2
 
 
 def multi_needle_needles(variant: str, keys: int, values: int) -> int:
@@ -106,5 +111,7 @@ def distinct_ids(task: str, seq_len: int, max_distractors: int = 0,
                 max((c + 1 for _, c in fit), default=0))
     if task == "counting":
         return 0, max((k for k, _ in counting_choices(seq_len)), default=0)
+    if task == "flip_flop":
+        return 0, FLIP_FLOP_SYMBOLS
     n = distinct_pairs(task, seq_len, max_distractors)
     return n, n

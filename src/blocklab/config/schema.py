@@ -13,6 +13,8 @@ from blocklab.config.facts import (  # noqa: F401 (re-exported: old imports keep
     COUNTING_MARGINS,
     COUNTING_MAX_COUNT,
     FILLERS,
+    FLIP_FLOP_SYMBOLS,
+    FLIP_FLOP_WRITE,
     MARKOV_MIN_FILLER,
     MQAR_LAYOUTS,
     MULTI_NEEDLE_VARIANTS,
@@ -124,6 +126,7 @@ class TaskWeights:
     markov_lm: float = 0.0
     multihop: float = 0.0  # variable tracking: chains of assignments, answer the root value
     counting: float = 0.0  # aggregation: the most frequent of several candidate ids
+    flip_flop: float = 0.0  # state held and overwritten: the value of the last write
 
 
 @dataclass

@@ -18,6 +18,8 @@ Sequence formats (decoder form; ``→`` marks the supervised answer tokens):
   chains of assignments, distractor chains interleaved; answer the root value)
 - ``counting``:      ``BOS hay(c_i scattered, the winner margin times more often than the
   runner-up) SEP → c_winner`` (aggregation)
+- ``flip_flop``:     ``BOS MARK v REC u … MARK w REC x … SEP → w`` (state written and held:
+  ``MARK v`` writes v, ``REC u`` says to ignore u, ``SEP`` reads the last value written)
 
 The multi-key / multi-value / multi-query needles are probes only (not a mixture task): their
 generator lives with their probe kind (``blocklab.eval.kinds.multi_needle``).
@@ -371,6 +373,13 @@ def counting(rng: random.Random, vocab: Vocab, length: int, *, candidates: int |
         "candidates": ids, "filler": filler})
 
 
+def flip_flop(rng: random.Random, vocab: Vocab, length: int, **kw: Any) -> Example:
+    """Liu et al.'s flip-flop language: :func:`blocklab.data.flip_flop.flip_flop`."""
+    from blocklab.data.flip_flop import flip_flop as build
+
+    return build(rng, vocab, length, **kw)
+
+
 TASKS = {
     "needle": needle,
     "kv_records": kv_records,
@@ -381,4 +390,5 @@ TASKS = {
     "markov_lm": markov_lm,
     "multihop": multihop,
     "counting": counting,
+    "flip_flop": flip_flop,
 }

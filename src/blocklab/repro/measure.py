@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from blocklab.config import FLIP_FLOP_WRITE
 from blocklab.data import synthetic as syn
 from blocklab.data.mixture import vocab_of
 
@@ -106,6 +107,15 @@ def target_hits(model: torch.nn.Module, examples: list[syn.Example], *,
             out.append([int(pred[i, t - 1]) == e.tokens[t]
                         for t, on in enumerate(e.targets) if on])
     return out
+
+
+def flip_flop_examples(vocab: syn.Vocab, *, n: int, length: int,
+                       p_write: float = FLIP_FLOP_WRITE, seed: int = EVAL_SEED
+                       ) -> list[syn.Example]:
+    """Flip-flop sequences with one read, at the end (its answer: the last write)."""
+    salt = f"repro:flip_flop:{length}:{p_write!r}"
+    return [syn.flip_flop(syn.example_rng(seed, i, salt), vocab, length, p_write=p_write)
+            for i in range(n)]
 
 
 def mqar_examples(vocab: syn.Vocab, *, n: int, length: int, pairs: int, layout: str = "spread",
