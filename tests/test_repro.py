@@ -313,6 +313,10 @@ def test_the_recall_state_figure_plots_every_measured_arm(tmp_path) -> None:
     files = figure(RECALL_STATE, outcome, tmp_path)
     assert files == {"figure": str(tmp_path / "recall_state.png")}
     assert (tmp_path / "recall_state.png").stat().st_size > 10_000
+    only_flip_flop = Outcome("recall_state", "full", 2, None, [], {
+        a: m for a, m in measurements.items() if a.endswith(" flip-flop")}, {}, 1.0, 0)
+    assert only_flip_flop.measurements  # --only flip-flop: no recall cell, so no figure
+    assert figure(RECALL_STATE, only_flip_flop, tmp_path / "none") == {}
 
 
 def test_recall_state_arms_differ_only_in_the_mixer_within_a_cell() -> None:

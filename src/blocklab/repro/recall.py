@@ -201,6 +201,8 @@ def figure(exp: Experiment, outcome: Any, out: Path) -> dict[str, str]:
 
     recall = {a: m for a, m in outcome.measurements.items() if not is_flip_flop(a)}
     cells = sorted({cell_of(a) for a in recall})
+    if not cells:  # only the flip-flop row measured (--only): no recall to plot
+        return {}
     fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.6), squeeze=False)
     families: dict[str, str] = {}
     for length, _ in cells:
