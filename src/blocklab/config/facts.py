@@ -32,7 +32,7 @@ def distinct_pairs(task: str, seq_len: int, max_distractors: int) -> int:
         return max(distinct_ids(task, seq_len, max_distractors))
     return {"needle": max_distractors + 1, "kv_records": (seq_len - 4) // 3,
             "kv_records_query_aware": (seq_len - 6) // 3,
-            "mqar": (seq_len - 1) // 6, "flip_flop": FLIP_FLOP_SYMBOLS}.get(task, 0)
+            "mqar": (seq_len - 1) // 6}.get(task, 0)
 
 
 # Variable tracking (``multihop``) and aggregation (``counting``) as training tasks: the ranges

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from blocklab.config import FLIP_FLOP_WRITE
 from blocklab.model.linear import FeatureMap, LinearAttention, dot_kernel, identity_features
 from blocklab.model.ssm import SelectiveSSM
 from blocklab.repro import checks as ck
@@ -53,7 +54,7 @@ N_MEASURED = 256  # held-out sequences per arm and seed
 # trained gaps only (step 100: 0.629 at the long ones)
 FLIP_FLOP_LENGTH, FLIP_FLOP_STEPS = 128, 1000
 FLIP_FLOP_MEASURED = {"accuracy": (4 * FLIP_FLOP_LENGTH + 1, 0.01),
-                      "accuracy at the trained gaps": (FLIP_FLOP_LENGTH + 1, None)}
+                      "accuracy at the trained gaps": (FLIP_FLOP_LENGTH + 1, FLIP_FLOP_WRITE)}
 FLIP_FLOP_SWEEP = Sweep((3e-3, 1e-3), enough=0.99)  # 3e-3: seed 0 passed 0.99 at step 400
 DATA = ("data.tasks.needle=0", "data.tasks.mqar=1", "data.tasks.copy=0.5",
         "data.mqar_layout=zoology", "data.n_keys=16", "data.n_values=16", "data.n_filler=16",
@@ -169,8 +170,9 @@ def _protocol(size: str) -> Protocol:
                    ck.Beats(name("based f16"), "accuracy", other=name("based f4")),
                    ck.Beats(name(f"ssm s{SSM_STATES[1]}"), "accuracy",
                             other=name(f"ssm s{SSM_STATES[0]}"))]
-        arms.append(flip_flop_arm())  # selection: holding a value across unseen gaps
-        checks.append(ck.AtLeast(flip_flop_arm().name, "accuracy", 0.8))
+        selection = flip_flop_arm()  # holding a value across gaps it never trained on
+        arms.append(selection)
+        checks.append(ck.AtLeast(selection.name, "accuracy", 0.8))
     return Protocol(tuple(arms), tuple(checks), seeds=1 if size == "quick" else 3)
 
 
@@ -180,7 +182,7 @@ def _measure(run: Path, arm: Arm) -> dict[str, ms.Tally]:
     t = ms.load(run)
     if is_flip_flop(arm.name):
         return {metric: ms.accuracy(t.model, ms.flip_flop_examples(
-                    t.vocab, n=N_MEASURED, length=n, **({} if p is None else {"p_write": p})))
+                    t.vocab, n=N_MEASURED, length=n, p_write=p))
                 for metric, (n, p) in FLIP_FLOP_MEASURED.items()}
     length, pairs = cell_of(arm.name)
     m = t.config.model
