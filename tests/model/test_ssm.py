@@ -124,7 +124,8 @@ def test_chunked_scan_continues_from_a_start_state(chunk):
 
 def test_negative_control_the_decay_applied_once_too_often_fails_the_loop(monkeypatch):
     real = ssm.chunk_decay
-    monkeypatch.setattr(ssm, "chunk_decay", lambda ld, starts: real(ld, starts) * ld.exp())
+    monkeypatch.setattr(ssm, "chunk_decay", lambda dt, A, starts: real(dt, A, starts)
+                        * (dt[..., None] * A).exp())
     with pytest.raises(AssertionError):
         test_chunked_scan_equals_each_document_run_alone_by_a_plain_loop(4)
 

@@ -88,7 +88,7 @@ def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
         decay = decay * (~starts)[..., None, None]
     shape = (b, nc, size, e, n)
     local = _local_states(decay.view(shape), x.view(shape))  # (B, nc, L, E, N)
-    into = chunk_decay(log_decay.view(shape),
+    into = chunk_decay(dt.view(b, nc, size, e), A,
                        None if starts is None else starts.view(b, nc, size))
     h = torch.zeros(b, e, n, dtype=u.dtype, device=u.device) if h0 is None else h0.float()
     entering = []
@@ -111,11 +111,13 @@ def _local_states(decay: Tensor, x: Tensor) -> Tensor:
     return torch.stack(out, 2)
 
 
-def chunk_decay(log_decay: Tensor, starts: Tensor | None) -> Tensor:
+def chunk_decay(dt: Tensor, A: Tensor, starts: Tensor | None) -> Tensor:
     """(B, nc, L, E, N): how much of the state entering a chunk survives to each of its tokens
-    — ``exp`` of the cumulative log-decay since the chunk began, zero from a document start
-    on."""
-    into = log_decay.cumsum(2).exp()
+    — ``exp`` of the cumulative log-decay since the chunk began (``A · Σ Δ``: A is the same at
+    every token, so the sum runs over the (B, nc, L, E) steps, N times smaller than the
+    log-decays; a cumulative sum along a middle dimension was a quarter of the scan's time),
+    zero from a document start on. dt (B, nc, L, E), A (E, N)."""
+    into = (dt.cumsum(2)[..., None] * A).exp()
     if starts is not None:
         alive = starts.cumsum(2) == 0  # (B, nc, L): no document began in the chunk so far
         into = into * alive[..., None, None]
