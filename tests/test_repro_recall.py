@@ -23,17 +23,22 @@ BREAKS = {"taylor-identity": ("based ", IDENTITY_MAP, IdentityMapLinear),
           "ssm-input-independent": ("ssm ", TIME_INVARIANT, TimeInvariantSSM)}
 
 
-def _model(arm_overrides: tuple[str, ...]):
+def _built(arm_overrides: tuple[str, ...]):
+    """The arm's model as its run builds it (64 ids: the vocabulary is the task's)."""
     from blocklab.config import compose, validate_train
     from blocklab.model import build_model
     from blocklab.repro.runner import RUN_DEFAULTS
     from blocklab.train.run import to_train_config
 
-    overrides = [o for o in arm_overrides if not o.startswith(("data.curriculum", "optim.lr"))]
-    tc = validate_train(to_train_config(compose("train", [*RUN_DEFAULTS, *overrides])))
+    tc = validate_train(to_train_config(compose("train", [*RUN_DEFAULTS, *arm_overrides])))
     tc.model.vocab_size = 64
+    return build_model(tc.model)
+
+
+def _model(arm_overrides: tuple[str, ...]):
     torch.manual_seed(0)
-    return build_model(tc.model).eval()
+    overrides = [o for o in arm_overrides if not o.startswith(("data.curriculum", "optim.lr"))]
+    return _built(tuple(overrides)).eval()
 
 
 @pytest.mark.parametrize("what", list(BREAKS))
@@ -193,3 +198,24 @@ def test_the_flip_flop_row_trains_the_task_and_is_measured_beyond_its_gaps(monke
 
     (broken,) = RECALL_STATE.breaks["ssm-input-independent"][1]((arm,))
     assert broken.overrides[-1] == f"model.mixer.name={TIME_INVARIANT}"
+
+
+def test_each_full_row_trains_with_one_head_and_its_family_s_rates() -> None:
+    """Zoology's and Based's layout: one head for every mixer that has heads (the hybrid keeps
+    the two it was measured with); the rows without softmax attention sweep Based's higher
+    rates first, the attention rows attention's. The built models agree with the overrides."""
+    from blocklab.model.attention import SoftmaxAttention
+    from blocklab.model.linear import LinearAttention
+    from blocklab.repro.recall import RECURRENT_SWEEP, SWEEP
+
+    for arm in RECALL_STATE.sizes["full"].arms:
+        if arm.name.endswith(" flip-flop"):
+            continue
+        softmax = "model/mixer=softmax" in arm.overrides or "hybrid" in arm.name
+        assert arm.sweep == (SWEEP["full"] if softmax else RECURRENT_SWEEP), arm.name
+        layers = [m for m in _built(arm.overrides).modules()
+                  if isinstance(m, (SoftmaxAttention, LinearAttention))]
+        assert {m.n_heads for m in layers} <= ({2} if "hybrid" in arm.name else {1}), arm.name
+        assert bool(layers) == (arm.name.startswith(("attention", "window", "based", "linear",
+                                                     "hybrid"))), arm.name
+    assert {a.sweep for a in RECALL_STATE.sizes["quick"].arms} == {SWEEP["quick"]}
