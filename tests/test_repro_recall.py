@@ -202,8 +202,8 @@ def test_the_flip_flop_row_trains_the_task_and_is_measured_beyond_its_gaps(monke
 
 def test_each_full_row_trains_with_one_head_and_its_family_s_rates() -> None:
     """Zoology's and Based's layout: one head for every mixer that has heads (the hybrid keeps
-    the two it was measured with); the rows without softmax attention sweep Based's higher
-    rates first, the attention rows attention's. The built models agree with the overrides."""
+    the two it was measured with); the linear-attention and convolution rows sweep Based's
+    higher rates first, the attention and SSM rows attention's. The built models agree with the overrides."""
     from blocklab.model.attention import SoftmaxAttention
     from blocklab.model.linear import LinearAttention
     from blocklab.repro.recall import RECURRENT_SWEEP, SWEEP
@@ -211,8 +211,8 @@ def test_each_full_row_trains_with_one_head_and_its_family_s_rates() -> None:
     for arm in RECALL_STATE.sizes["full"].arms:
         if arm.name.endswith(" flip-flop"):
             continue
-        softmax = "model/mixer=softmax" in arm.overrides or "hybrid" in arm.name
-        assert arm.sweep == (SWEEP["full"] if softmax else RECURRENT_SWEEP), arm.name
+        based_rates = arm.name.startswith(("based", "linear", "gated conv"))
+        assert arm.sweep == (RECURRENT_SWEEP if based_rates else SWEEP["full"]), arm.name
         layers = [m for m in _built(arm.overrides).modules()
                   if isinstance(m, (SoftmaxAttention, LinearAttention))]
         assert {m.n_heads for m in layers} <= ({2} if "hybrid" in arm.name else {1}), arm.name
