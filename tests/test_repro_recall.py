@@ -23,16 +23,22 @@ BREAKS = {"taylor-identity": ("based ", IDENTITY_MAP, IdentityMapLinear),
           "ssm-input-independent": ("ssm ", TIME_INVARIANT, TimeInvariantSSM)}
 
 
-def _built(arm_overrides: tuple[str, ...]):
-    """The arm's model as its run builds it (64 ids: the vocabulary is the task's)."""
+def _config(arm_overrides: tuple[str, ...]):
+    """The arm's validated train config as its run composes it (64 ids: the task's vocabulary)."""
     from blocklab.config import compose, validate_train
-    from blocklab.model import build_model
     from blocklab.repro.runner import RUN_DEFAULTS
     from blocklab.train.run import to_train_config
 
     tc = validate_train(to_train_config(compose("train", [*RUN_DEFAULTS, *arm_overrides])))
     tc.model.vocab_size = 64
-    return build_model(tc.model)
+    return tc
+
+
+def _built(arm_overrides: tuple[str, ...]):
+    """The arm's model as its run builds it."""
+    from blocklab.model import build_model
+
+    return build_model(_config(arm_overrides).model)
 
 
 def _model(arm_overrides: tuple[str, ...]):
@@ -169,15 +175,10 @@ def test_the_flip_flop_row_trains_the_task_and_is_measured_beyond_its_gaps(monke
     arm = recall.flip_flop_arm()
     assert arm in RECALL_STATE.sizes["full"].arms and arm not in RECALL_STATE.sizes["quick"].arms
     assert not any(o.startswith("callbacks") for o in arm.overrides)
-    from blocklab.config import compose, validate_train
-    from blocklab.model import build_model
     from blocklab.model.ssm import SelectiveSSM
-    from blocklab.repro.runner import RUN_DEFAULTS
-    from blocklab.train.run import to_train_config
 
-    tc = validate_train(to_train_config(compose("train", [*RUN_DEFAULTS, *arm.overrides])))
-    tc.model.vocab_size = 64
-    ssms = [m for m in build_model(tc.model).modules() if isinstance(m, SelectiveSSM)]
+    tc = _config(arm.overrides)
+    ssms = [m for m in _built(arm.overrides).modules() if isinstance(m, SelectiveSSM)]
     assert len(ssms) == 2 and all(type(m) is SelectiveSSM for m in ssms)  # selective, 2 layers
     assert {k for k, v in dataclasses.asdict(tc.data.tasks).items() if v} == {"flip_flop"}
     assert tc.data.val_tasks == ["flip_flop"] and tc.data.curriculum == []
