@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -114,6 +115,31 @@ def test_the_wandb_offline_record_holds_the_config_probe_tables_images_and_check
     artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"
                  and r.artifact.type == "model"]
     assert [a.metadata and json.loads(a.metadata)["step"] for a in artifacts] == [10]
+
+
+def _children_named(word: str) -> list[int]:
+    """The live child processes of this one whose command name holds ``word`` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone while we looked
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if word in name and int(rest[1]) == os.getpid() and rest[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads child processes from /proc")
+def test_the_wandb_record_is_whole_when_the_run_returns(tracked):
+    """``run.finish()`` returns before wandb's service has written the run's last records (the
+    config among them): a reader right after the run could miss them. The run returns only
+    once the service has closed the record and exited: the file ends with the exit record."""
+    (offline,) = (tracked / "wandb").glob("offline-run-*")
+    kinds = [r.WhichOneof("record_type") for r in wandb_records(offline)]
+    assert kinds[-1] == "exit" and "config" in kinds
+    assert _children_named("wandb") == []  # no service of this process is left running
 
 
 @pytest.mark.slow

@@ -140,10 +140,24 @@ def close_loggers(loggers: list) -> None:
     writer."""
     for logger in loggers:
         if type(logger).__name__ == "BlocklabWandb" and getattr(logger, "_experiment", None):
-            logger.experiment.finish()
-            logger._experiment = None
+            _finish_wandb(logger)
         elif type(logger).__name__ == "TensorBoardLogger":
             logger.experiment.flush()
+
+
+def _finish_wandb(logger: Any) -> None:
+    """``run.finish()`` only hands the run's close to wandb's service process and returns: the
+    service writes the last records (the config among them) to the offline ``run-*.wandb`` file
+    when it closes the run's stream, some time later. ``wandb.teardown()`` waits until the
+    service has closed every stream and exited, so the record is whole when this returns; it
+    is called only when no other run of this process is still open (a next run starts a
+    service of its own)."""
+    import wandb as wb
+
+    logger.experiment.finish()
+    logger._experiment = None
+    if wb.run is None:
+        wb.teardown()
 
 
 def _tensorboard_rules(cfg: LoggerConfig, key: str) -> None:
