@@ -94,14 +94,16 @@ def _documents(r: int, t: int) -> list[list[int]]:
     return [real[a:b] for a, b in itertools.pairwise(bounds)]
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 4, 5, 13, 64])
-def test_chunked_scan_equals_each_document_run_alone_by_a_plain_loop(chunk):
+@pytest.mark.parametrize(("method", "chunk"), [("chunked", c) for c in (1, 3, 4, 5, 13, 64)]
+                         + [("sequential", 64)])
+def test_the_scan_equals_each_document_run_alone_by_a_plain_loop(method, chunk):
     """Packed documents (restarts), padding (Δ = 0 there, anywhere in the row) and chunk sizes
-    that do (1, 13) and don't (3, 4, 5, 64) divide T = 13."""
+    that do (1, 13) and don't (3, 4, 5, 64) divide T = 13; the sequential scan too."""
     t = 13
     u, dt, A, B, C = _scan_inputs(len(ROWS), t)
     starts, valid = _packed_batch(t)
-    y, h = selective_scan(u, dt * valid[..., None], A, B, C, starts=starts, chunk=chunk)
+    y, h = selective_scan(u, dt * valid[..., None], A, B, C, starts=starts, chunk=chunk,
+                          method=method)
     for r in range(len(ROWS)):
         for doc in _documents(r, t):
             want, last = _loop(*(v[r, doc].double() for v in (u, dt)), A.double(),
@@ -110,11 +112,11 @@ def test_chunked_scan_equals_each_document_run_alone_by_a_plain_loop(chunk):
         torch.testing.assert_close(h[r].double(), last, atol=ATOL, rtol=ATOL)  # last document's
 
 
-@pytest.mark.parametrize("chunk", [2, 5])
-def test_chunked_scan_continues_from_a_start_state(chunk):
+@pytest.mark.parametrize(("method", "chunk"), [("chunked", 2), ("chunked", 5), ("sequential", 5)])
+def test_the_scan_continues_from_a_start_state(method, chunk):
     u, dt, A, B, C = _scan_inputs(2, 11)
     h0 = torch.randn(2, *A.shape)
-    y, h = selective_scan(u, dt, A, B, C, h0=h0, chunk=chunk)
+    y, h = selective_scan(u, dt, A, B, C, h0=h0, chunk=chunk, method=method)
     for r in range(2):
         want, last = _loop(u[r].double(), dt[r].double(), A.double(), B[r].double(),
                            C[r].double(), h0[r])
@@ -127,7 +129,86 @@ def test_negative_control_the_decay_applied_once_too_often_fails_the_loop(monkey
     monkeypatch.setattr(ssm, "chunk_decay", lambda dt, A, starts: real(dt, A, starts)
                         * (dt[..., None] * A).exp())
     with pytest.raises(AssertionError):
-        test_chunked_scan_equals_each_document_run_alone_by_a_plain_loop(4)
+        test_the_scan_equals_each_document_run_alone_by_a_plain_loop("chunked", 4)
+
+
+def _scan_grads(method: str, chunk: int = 4) -> list[torch.Tensor]:
+    """∂L/∂(u, Δ, A, B, C, h0) in float64 for packed, padded rows (L weighs every output and
+    the last state): by the scan, or (``method="loop"``) by autograd through the plain loop,
+    each document from zero (the first from h0)."""
+    t = 13
+    u, dt, A, B, C = (v.double() for v in _scan_inputs(len(ROWS), t))
+    starts, valid = _packed_batch(t)
+    starts[:, 0] = False  # each row's first document continues from h0
+    dt = dt * valid[..., None]
+    h0 = torch.randn(len(ROWS), *A.shape, dtype=torch.float64,
+                     generator=torch.Generator().manual_seed(2))
+    leaves = [v.requires_grad_() for v in (u, dt, A, B, C, h0)]
+    wy = torch.randn(u.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    if method == "loop":
+        loss = 0
+        for r in range(len(ROWS)):
+            bounds = [*sorted({0, *ROWS[r][0]}), t]  # padding stays in place: Δ = 0 there
+            for j, (a, b) in enumerate(itertools.pairwise(bounds)):
+                y, h = _loop(u[r, a:b], dt[r, a:b], A, B[r, a:b], C[r, a:b],
+                             h0[r] if j == 0 else None)
+                loss = loss + (y * wy[r, a:b]).sum()
+            loss = loss + (h * h).sum()
+    else:
+        y, h = selective_scan(u, dt, A, B, C, starts=starts, h0=h0, chunk=chunk, method=method)
+        loss = (y * wy).sum() + (h * h).sum()
+    return list(torch.autograd.grad(loss, leaves))
+
+
+@pytest.mark.parametrize("method", ["sequential", "chunked"])
+def test_the_scan_s_gradients_equal_autograd_through_the_plain_loop(method):
+    """The sequential scan's hand-written backward (and the chunked form's autograd) against
+    autograd through the token-by-token loop: every input, packed documents, padding, h0."""
+    names = ("u", "dt", "A", "B", "C", "h0")
+    for name, got, want in zip(names, _scan_grads(method), _scan_grads("loop"), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-7, msg=name)
+
+
+def test_negative_control_a_backward_without_the_decay_s_term_fails_the_loop(monkeypatch):
+    real = ssm.SequentialScan.backward
+
+    def no_decay_grad(ctx, gy, gh):
+        grads = list(real(ctx, gy, gh))
+        grads[2] = torch.zeros_like(grads[2])  # ∂L/∂A dropped
+        return tuple(grads)
+
+    monkeypatch.setattr(ssm.SequentialScan, "backward", staticmethod(no_decay_grad))
+    with pytest.raises(AssertionError):
+        test_the_scan_s_gradients_equal_autograd_through_the_plain_loop("sequential")
+
+
+def test_the_sequential_scan_passes_gradcheck():
+    g = torch.Generator().manual_seed(4)
+    u, dt, B, C = (torch.randn(2, 6, k, dtype=torch.float64, generator=g) for k in (3, 3, 2, 2))
+    dt = F.softplus(dt)
+    A = -torch.rand(3, 2, dtype=torch.float64, generator=g) - 0.1
+    h0 = torch.randn(2, 3, 2, dtype=torch.float64, generator=g)
+    keep = torch.tensor([[1, 1, 0, 1, 1, 1], [1, 1, 1, 1, 0, 1]], dtype=torch.float64)
+    inputs = [v.requires_grad_() for v in (u, dt, A, B, C, h0)]
+    assert torch.autograd.gradcheck(
+        lambda u, dt, A, B, C, h0: ssm.SequentialScan.apply(u, dt, A, B, C, keep, h0), inputs)
+
+
+def test_the_two_scans_train_the_mixer_alike():
+    """``model.mixer.scan`` chunked and sequential: the same outputs and parameter gradients
+    on packed, padded rows (fp32)."""
+    t = 13
+    starts, valid = _packed_batch(t)
+    seq = _seq(len(ROWS), t, valid, starts.long().cumsum(-1))
+    x = torch.randn(len(ROWS), t, 16)
+    grads = []
+    for scan in ("chunked", "sequential"):
+        mixer = _mixer(d_state=3, d_conv=3, chunk=4, scan=scan).train()
+        out = mixer(x, seq, None)
+        (out * valid[..., None]).square().sum().backward()
+        grads.append([out.detach()] + [p.grad for p in mixer.parameters()])
+    for got, want in zip(*grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
 def test_the_scan_does_not_overflow_under_strong_decays():
@@ -147,6 +228,7 @@ HF_CASES = [  # (d_model, options)
     (16, {"d_state": 4, "expand": 2, "d_conv": 3, "dt_rank": 3, "chunk": 4}),
     (16, {"d_state": 8, "expand": 1, "d_conv": 4, "chunk": 5}),  # dt_rank null = 1
     (24, {"d_state": 2, "expand": 3, "d_conv": 1, "dt_rank": 5, "chunk": 64}),
+    (16, {"d_state": 4, "d_conv": 3, "chunk": 4, "scan": "chunked"}),  # on CPU, auto: sequential
 ]
 
 
@@ -187,7 +269,8 @@ def test_negative_control_input_independent_selection_fails_hugging_face_parity(
 
 # ------------------------------------------------------- padding and packing, mixer level
 
-@pytest.mark.parametrize("options", [{"d_conv": 3, "chunk": 4}, {"d_conv": 4, "chunk": 64}])
+@pytest.mark.parametrize("options", [{"d_conv": 3, "chunk": 4}, {"d_conv": 4, "chunk": 64},
+                                     {"d_conv": 3, "chunk": 4, "scan": "chunked"}])
 def test_holes_and_packed_documents_equal_each_document_alone(options):
     """Padding at the left, right and inside rows, packed documents: every document's outputs
     are those of its real tokens run alone (the convolution counts real tokens only)."""
@@ -295,12 +378,13 @@ def test_mambas_initialisation_survives_the_models_default_init():
         assert mixer.dt_proj.weight.abs().max() <= mixer.dt_rank ** -0.5
 
 
-@pytest.mark.parametrize("option", ["d_state", "expand", "d_conv", "chunk", "dt_rank"])
-def test_bad_options_fail_in_one_line_naming_the_option(option):
+@pytest.mark.parametrize(("option", "value"), [("d_state", 0), ("expand", 0), ("d_conv", 0),
+                                             ("chunk", 0), ("dt_rank", 0), ("scan", "fast")])
+def test_bad_options_fail_in_one_line_naming_the_option(option, value):
     with pytest.raises(ConfigError) as err:
-        validate_model(_config(**{option: 0}))
+        validate_model(_config(**{option: value}))
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith(f"config error: model.mixer.{option}=0"), msg
+    assert "\n" not in msg and msg.startswith(f"config error: model.mixer.{option}={value!r}"), msg
 
 
 def test_the_shipped_option_file_composes_and_validates():

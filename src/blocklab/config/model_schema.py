@@ -133,6 +133,9 @@ class MixerConfig:
     expand: int = 2
     d_conv: int = 4
     dt_rank: int | None = None  # null = ceil(d_model / 16)
+    # the training scan: sequential (a step per token, hand-written backward) | chunked
+    # (chunk + T / chunk steps) | auto (sequential on CPU, chunked on accelerators)
+    scan: str = "auto"
     # a user mixer's own options (open on purpose: its own check() validates them)
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -25,6 +25,7 @@ nc chunks of L tokens.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -58,14 +59,19 @@ class SSMState(State):
 
 # --------------------------------------------------------------------------- the scan
 
+#: ``model.mixer.scan``: how the training scan runs (``auto``: sequential on CPU)
+SCANS = ("auto", "sequential", "chunked")
+
+
 def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
                    starts: Tensor | None = None, h0: Tensor | None = None,
-                   chunk: int = 64) -> tuple[Tensor, Tensor]:
+                   chunk: int = 64, method: str = "chunked") -> tuple[Tensor, Tensor]:
     """``h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t u_t`` (h restarting where ``starts``), ``y_t =
     C_t · h_t``: u, dt (B, T, E), A (E, N), B and C (B, T, N), h0 (B, E, N) or None (zeros) ->
     y (B, T, E) and the last state (B, E, N), all fp32.
 
-    Chunked, linear in T: within each chunk of L tokens the recurrence runs from zero for all
+    ``method="sequential"``: :class:`SequentialScan`, one step per token. ``"chunked"``, linear
+    in T: within each chunk of L tokens the recurrence runs from zero for all
     chunks at once (L steps), the state entering a chunk is carried from chunk to chunk (T/L
     steps) and reaches each of its tokens with the decay ``exp(cumulative log-decay)``, in
     parallel (:func:`chunk_decay`). Mamba's decay differs per channel *and* state (E, N), so
@@ -73,6 +79,10 @@ def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
     factorised form ``exp(cum_t)·exp(-cum_s)`` overflows once a chunk decays by more than
     e^88 (trained models do, at a reset token); this split only ever takes ``exp`` of sums
     of non-positive log-decays, so it cannot overflow."""
+    if method == "sequential":
+        keep = None if starts is None else (~starts).to(u.dtype)
+        h = u.new_zeros(u.shape[0], *A.shape) if h0 is None else h0.to(u.dtype)
+        return SequentialScan.apply(u, dt, A, B, C, keep, h)
     b, t, e = u.shape
     n = A.shape[1]
     size = min(chunk, t)
@@ -90,7 +100,7 @@ def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
     local = _local_states(decay.view(shape), x.view(shape))  # (B, nc, L, E, N)
     into = chunk_decay(dt.view(b, nc, size, e), A,
                        None if starts is None else starts.view(b, nc, size))
-    h = torch.zeros(b, e, n, dtype=u.dtype, device=u.device) if h0 is None else h0.float()
+    h = torch.zeros(b, e, n, dtype=u.dtype, device=u.device) if h0 is None else h0.to(u.dtype)
     entering = []
     # unbind, not t[:, c]: one backward for all slices (each select's would fill a full grad)
     for keep, add in zip(into[:, :, -1].unbind(1), local[:, :, -1].unbind(1), strict=True):
@@ -99,6 +109,62 @@ def selective_scan(u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, *,
     states = local + into * torch.stack(entering, 1)[:, :, None]  # (B, nc, L, E, N)
     y = torch.einsum("bclen,bcln->bcle", states, C.view(b, nc, size, n))
     return y.reshape(b, nc * size, e)[:, :t], h
+
+
+class SequentialScan(torch.autograd.Function):
+    """The scan one token at a time with a hand-written backward (a reverse scan): every step
+    works on one (B, E, N) state that stays in cache, and only the states h_t are kept for the
+    backward — on CPU 4-5x faster than the chunked form, whose (B, T, E, N) intermediates and
+    their autograd dominate its time (docs/mixers.md). ``keep`` (B, T) is 0 at a document's
+    first token (its decay is zeroed), or None.
+
+    With ``d_t = exp(Δ_t A)·keep_t`` and ``g_t = ∂L/∂h_t = g_{t+1} d_{t+1} + gy_t ⊗ C_t``:
+    ``∂L/∂(Δ_t u_t) = Σ_n g_t B_t``, ``∂L/∂B_t = Σ_e g_t Δ_t u_t``, ``∂L/∂C_t = Σ_e gy_t h_t``
+    and, through the decay, ``ℓ_t = g_t ⊙ h_{t-1} ⊙ d_t`` gives ``∂L/∂Δ_t += Σ_n ℓ_t A`` and
+    ``∂L/∂A = Σ_{b,t} ℓ_t Δ_t``; ``∂L/∂h0 = g_0 d_0``."""
+
+    @staticmethod
+    def forward(ctx: Any, u: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                keep: Tensor | None, h0: Tensor) -> tuple[Tensor, Tensor]:
+        dts, xs, Bs, Cs = (v.transpose(0, 1) for v in (dt, dt * u, B, C))  # token-major views
+        hs, ys, h = [], [], h0
+        for i in range(u.shape[1]):
+            h = torch.addcmul(_decay(dts[i], A, keep, i).mul_(h), xs[i, :, :, None],
+                              Bs[i, :, None, :])
+            hs.append(h)
+            ys.append((h * Cs[i, :, None, :]).sum(-1))
+        ctx.save_for_backward(u, dt, A, B, C, keep, h0, torch.stack(hs))  # every state
+        return torch.stack(ys, 1), h.clone()
+
+    @staticmethod
+    def backward(ctx: Any, gy: Tensor | None, gh: Tensor | None) -> tuple:
+        u, dt, A, B, C, keep, h0, H = ctx.saved_tensors
+        t = u.shape[1]
+        gy = torch.zeros_like(u) if gy is None else gy
+        dts, xs, Bs, Cs, gys = (v.transpose(0, 1) for v in (dt, dt * u, B, C, gy))
+        gx, ddt, dB, dC = [], [], [], []  # per token, last first
+        dA = torch.zeros_like(h0)  # Σ over t of ℓ_t Δ_t, summed over rows at the end
+        g = torch.zeros_like(h0) if gh is None else gh
+        d = None
+        for i in range(t - 1, -1, -1):
+            if d is not None:
+                g = g * d  # d_{i+1}
+            g = torch.addcmul(g, gys[i, :, :, None], Cs[i, :, None, :])  # ∂L/∂h_i
+            dC.append((gys[i, :, :, None] * H[i]).sum(1))
+            gx.append((g * Bs[i, :, None, :]).sum(-1))
+            dB.append((g * xs[i, :, :, None]).sum(1))
+            d = _decay(dts[i], A, keep, i)
+            ell = (g * (H[i - 1] if i else h0)).mul_(d)
+            ddt.append((ell * A).sum(-1))
+            dA = dA.addcmul(ell, dts[i, :, :, None])
+        gx_, ddt_, dB_, dC_ = (torch.stack(v[::-1], 1) for v in (gx, ddt, dB, dC))
+        return gx_ * dt, ddt_ + gx_ * u, dA.sum(0), dB_, dC_, None, g * d
+
+
+def _decay(dt: Tensor, A: Tensor, keep: Tensor | None, i: int) -> Tensor:
+    """Token i's decay ``exp(Δ_i A)`` (B, E, N), zero at a document's first token."""
+    d = torch.exp(dt[:, :, None] * A)
+    return d if keep is None else d.mul_(keep[:, i, None, None])
 
 
 def _local_states(decay: Tensor, x: Tensor) -> Tensor:
@@ -138,7 +204,7 @@ class SelectiveSSM(Mixer):
         super().__init__(m, layer, causal=causal)
         e, n, r, k = ssm_dims(m)
         self.d_inner, self.d_state, self.dt_rank, self.d_conv = e, n, r, k
-        self.chunk = m.mixer.chunk
+        self.chunk, self.scan = m.mixer.chunk, m.mixer.scan
         self.in_proj = nn.Linear(m.d_model, 2 * e, bias=False)
         self.conv = nn.Conv1d(e, e, k, groups=e)  # weight (E, 1, K): applied tap by tap
         self.x_proj = nn.Linear(e, r + 2 * n, bias=False)
@@ -178,11 +244,19 @@ class SelectiveSSM(Mixer):
             dt = dt * seq.valid[..., None]
         A = -torch.exp(self.A_log.float())  # (E, N)
         y, h = selective_scan(u.float(), dt, A, B.float(), C.float(), starts=seq.starts(),
-                              h0=None if state is None else state.h, chunk=self.chunk)
+                              h0=None if state is None else state.h, chunk=self.chunk,
+                              method=self._method(u))
         if state is not None:
             state.h.copy_(h)
         y = (y + u.float() * self.D.float()) * F.silu(z.float())  # (B, T, E)
         return self.out(y.to(x.dtype))
+
+    def _method(self, u: Tensor) -> str:
+        """``model.mixer.scan``; ``auto``: the sequential scan on CPU, the chunked one (fewer,
+        larger steps) on accelerators."""
+        if self.scan != "auto":
+            return self.scan
+        return "sequential" if u.device.type == "cpu" else "chunked"
 
     def selection(self, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The input-dependent parameters: Δ (B, T, E) fp32, B and C (B, T, N)."""
@@ -268,6 +342,7 @@ class SelectiveSSM(Mixer):
             value = getattr(o, name)
             require(isinstance(value, int) and value >= 1, f"{key}.{name}", value,
                     "ssm needs an integer >= 1")
+        require(o.scan in SCANS, f"{key}.scan", o.scan, f"one of {', '.join(SCANS)}")
         require(o.dt_rank is None or (isinstance(o.dt_rank, int) and o.dt_rank >= 1),
                 f"{key}.dt_rank", o.dt_rank, "ssm needs null (= ceil(d_model / 16)) or an "
                 "integer >= 1")
