@@ -268,8 +268,8 @@ def plain_gated_conv(mod, x: torch.Tensor) -> torch.Tensor:
 
 def plain_ssm(mod, x: torch.Tensor, sequential: bool = False) -> torch.Tensor:
     """Mamba's mixer as mamba-minimal / HF's torch path write it: conv1d, selection, then the
-    scan — ``sequential``: one step per token; else blocklab's chunked scan without the
-    padding and document machinery."""
+    scan — ``sequential``: one step per token, autograd through the loop; else blocklab's own
+    scan (``model.mixer.scan``) without the padding and document machinery."""
     import torch.nn.functional as F
 
     from blocklab.model.ssm import selective_scan
@@ -290,7 +290,8 @@ def plain_ssm(mod, x: torch.Tensor, sequential: bool = False) -> torch.Tensor:
             ys.append((h * C[:, i, None, :]).sum(-1))
         y = torch.stack(ys, 1)
     else:
-        y, _ = selective_scan(u.float(), dt, A, B.float(), C.float(), chunk=mod.chunk)
+        y, _ = selective_scan(u.float(), dt, A, B.float(), C.float(), chunk=mod.chunk,
+                              method=mod._method(u))
     return mod.out((y + u * mod.D) * F.silu(z))
 
 

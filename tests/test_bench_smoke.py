@@ -47,6 +47,15 @@ def test_bench_shakespeare_quick_runs_both_loops_on_the_same_model(tmp_path):
     assert "load average" in r.stdout
 
 
+@pytest.mark.slow
+def test_bench_scan_times_both_scans_on_the_same_model():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_scan.py"), "--arm",
+                        "ssm s4 64/4", "--reps", "1"], capture_output=True, text=True,
+                       timeout=SAFETY_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "same outputs" in r.stdout and "x the chunked scan's speed" in r.stdout
+
+
 def test_probe_curves_reads_checkpoint_probes_back_across_versions(tmp_path, capsys):
     """scripts/probe_curves.py: the hops probe's per-checkpoint accuracy, read from every
     metrics.csv version (a resumed run's later row wins), as a table and a plot."""
