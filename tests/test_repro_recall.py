@@ -204,16 +204,19 @@ def test_the_flip_flop_row_trains_the_task_and_is_measured_beyond_its_gaps(monke
 def test_each_full_row_trains_with_one_head_and_its_family_s_rates() -> None:
     """Zoology's and Based's layout: one head for every mixer that has heads (the hybrid keeps
     the two it was measured with); the linear-attention and convolution rows sweep Based's
-    higher rates first, the attention and SSM rows attention's. The built models agree with the overrides."""
+    higher rates first, the attention rows attention's, the SSM rows attention's without 3e-3.
+    The built models agree with the overrides."""
     from blocklab.model.attention import SoftmaxAttention
     from blocklab.model.linear import LinearAttention
-    from blocklab.repro.recall import RECURRENT_SWEEP, SWEEP
+    from blocklab.repro.recall import RECURRENT_SWEEP, SSM_SWEEP, SWEEP
 
     for arm in RECALL_STATE.sizes["full"].arms:
         if arm.name.endswith(" flip-flop"):
             continue
         based_rates = arm.name.startswith(("based", "linear", "gated conv"))
-        assert arm.sweep == (RECURRENT_SWEEP if based_rates else SWEEP["full"]), arm.name
+        want = (RECURRENT_SWEEP if based_rates else SSM_SWEEP if arm.name.startswith("ssm")
+                else SWEEP["full"])
+        assert arm.sweep == want, arm.name
         layers = [m for m in _built(arm.overrides).modules()
                   if isinstance(m, (SoftmaxAttention, LinearAttention))]
         assert {m.n_heads for m in layers} <= ({2} if "hybrid" in arm.name else {1}), arm.name
