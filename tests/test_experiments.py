@@ -36,8 +36,8 @@ def test_variable_tracking_is_the_measured_recipe() -> None:
     assert weights == {"multihop": 2.0, "mqar": 1.0, "copy": 0.5}
     assert list(d.multihop_hops) == [1, 2] and d.seq_len == 32 and d.val_len == 32
     assert list(d.val_tasks) == ["multihop"]
-    assert (c.model.n_layers, c.model.d_model, c.model.n_heads) == (4, 64, 4)
-    assert c.trainer.max_steps == 8000 and c.trainer.ckpt_every_steps == 1000
+    assert (c.model.n_layers, c.model.d_model, c.model.n_heads) == (4, 64, 2)
+    assert c.trainer.max_steps == 12000 and c.trainer.ckpt_every_steps == 1000
     hops = c.checkpoint_probes.hops
     assert hops.enabled and list(hops.hops) == [1, 2, 3, 4] and list(hops.lengths) == [1.0]
     assert not c.checkpoint_probes.multi_needle.enabled
