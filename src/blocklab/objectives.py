@@ -226,7 +226,11 @@ class CausalLM(Objective):
             rows = torch.tensor([i for i, answers in enumerate(answer_sets) for _ in answers])
             flat = [a for answers in answer_sets for a in answers]
             cont = _continuations(flat, self.specials.pad)  # (N, L)
-            positions = after[rows][:, None] + torch.arange(cont.shape[1])
+            # a shorter answer's padding repeats its last position: never a position past the
+            # longest answer's own (a learned table ends there)
+            ends = torch.tensor([max(len(a) - 2, 0) for a in flat])
+            positions = after[rows][:, None] + torch.minimum(torch.arange(cont.shape[1]),
+                                                             ends[:, None])
             rest = model(cont, positions=positions, cache=cache.select(rows))
             rest = rest.float().log_softmax(-1)  # (N, L, V)
             k = 0

@@ -40,6 +40,7 @@ class Progress:
                 yield lambda: bar.update(1)
             return
         done, last = 0, self.clock()
+        start = last
         self(f"{what} 0/{total}")
 
         def tick() -> None:
@@ -47,10 +48,22 @@ class Progress:
             done += 1
             if done < total and self.clock() - last >= self.every:
                 last = self.clock()
-                self(f"{what} {done}/{total} ({100 * done // max(total, 1)}%)")
+                left = (last - start) / done * (total - done)
+                self(f"{what} {done}/{total} ({100 * done // max(total, 1)}%, about "
+                     f"{duration(left)} left)")
 
         yield tick
         self(f"{what} {done}/{total} ({100 * done // max(total, 1)}%)")
+
+
+def duration(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``1 h 2 min``: a time a reader takes in at a glance."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
 
 
 def quiet() -> Progress:

@@ -516,7 +516,7 @@ def test_progress_is_periodic_on_a_log_and_a_bar_on_a_terminal():
             now[0] = t
             tick()
     assert log.getvalue().splitlines() == [
-        "import: dequantizing 0/5", "import: dequantizing 3/5 (60%)",
+        "import: dequantizing 0/5", "import: dequantizing 3/5 (60%, about 7 s left)",
         "import: dequantizing 5/5 (100%)"]
 
     class Terminal(io.StringIO):

@@ -13,6 +13,7 @@ from blocklab.config import ConfigError, ProbeContext, ProbeKindConfig, ProbeSpe
 from blocklab.config import validate_probe_spec as validate
 from blocklab.config.checks import require
 from blocklab.eval.items import NotApplicable, spec_hash
+from blocklab.progress import quiet
 from blocklab.registry import builtin_names, names
 
 
@@ -79,16 +80,17 @@ def test_not_applicable_is_a_value_not_a_string_prefix():
         supports_perplexity = True
 
     class Builder:
-        def stream(self, spec, n_tokens):
+        def perplexity_text(self, spec, need):
             raise ValueError("n/a: a bug that only looks like an N/A")
 
     spec = ProbeSpec()
     with pytest.raises(ValueError, match="a bug"):
-        probes._perplexity(Backend(), spec, Builder(), 64)
+        probes._perplexity(Backend(), spec, Builder(), 64, quiet())
 
     class NA(Builder):
-        def stream(self, spec, n_tokens):
+        def perplexity_text(self, spec, need):
             raise NotApplicable("no language-modelling slice")
 
-    rows = probes._perplexity(Backend(), spec, NA(), 64)
+    rows, text = probes._perplexity(Backend(), spec, NA(), 64, quiet())
+    assert text is None
     assert rows and {r["status"] for r in rows} == {"n/a: no language-modelling slice"}

@@ -203,7 +203,8 @@ def _check_niah(fig, cells: list[dict]) -> None:
     variants = list(dict.fromkeys(c["variant"] for c in cells))
     panels = [ax for ax in fig.axes if ax.images]
     assert len(panels) == len(variants) == 2
-    assert fig._suptitle.get_text() == "NIAH test"
+    assert fig._suptitle.get_text() == ("Needle in a haystack: accuracy by depth and length\n"
+                                        "NIAH test")
     lengths = sorted({c["length"] for c in cells})
     depths = sorted({c["depth"] for c in cells})
     for ax, variant in zip(panels, variants):
@@ -217,13 +218,14 @@ def _check_niah(fig, cells: list[dict]) -> None:
 
 def _check_litm(fig, cells: list[dict]) -> None:
     (ax,) = fig.axes
-    assert ax.get_title() == "LITM test"
+    assert ax.get_title() == "Lost in the middle: accuracy by gold-record position\nLITM test"
     assert ax.get_xlabel().startswith("relative gold position")
     assert ax.get_ylabel() == "accuracy (Wilson 95% CI)"
     curves = {c.get_label(): c for c in ax.containers}
-    assert set(curves) == {f"{v}, m={m}" for v in ("kv_records", "query_aware") for m in (8, 16)}
+    assert {label.split(" (")[0] for label in curves} == {
+        f"{v}, m={m}" for v in ("kv_records", "query_aware") for m in (8, 16)}
     for label, container in curves.items():
-        variant, m = label.split(", m=")
+        variant, m = label.split(" (")[0].split(", m=")
         pts = sorted((c["gold_position"], c["accuracy"]) for c in cells
                      if c["variant"] == variant and c["n_records"] == int(m))
         line = container.lines[0]

@@ -224,7 +224,7 @@ def test_perplexity_scores_the_planned_tokens(bos):
     stream = list(range(10, 3010))
     for length in (64, 100):
         body = length - (bos is not None)
-        for row in perplexity_rows(Counting(), stream, bos, [length], 1000, 0.25, 640):
+        for row in perplexity_rows(Counting(), [stream], bos, [length], 1000, 0.25, 640):
             plan = window_plan(len(stream), body, row["variant"], 0.25, 1000)
             ref = [stream[s + k] for s, first in plan for k in range(first, body)
                    if bos is not None or k > 0]
@@ -269,11 +269,13 @@ def test_scoring_reports_progress_as_lines_in_a_log_with_the_same_results():
     lines = log.getvalue().splitlines()
     n_items = sum(c["n"] for c in r.cells)
     n_batches = -(-n_items // 8)
-    assert lines[0] == f"probes: {spec.name}, {n_items} items: batches 0/{n_batches}"
-    assert len(lines) == n_batches + 1 and lines[-1].endswith(f"{n_batches}/{n_batches} (100%)")
+    # the plan, said before anything runs, then the counted batches
+    assert lines[0].startswith(f"probes: {spec.name}: {n_items} items (needle ")
+    assert lines[1] == f"probes: {spec.name}, {n_items} items: batches 0/{n_batches}"
+    assert len(lines) == n_batches + 2 and lines[-1].endswith(f"{n_batches}/{n_batches} (100%)")
     quiet_log = io.StringIO()
     again = run_spec(backend, spec, builder=TokenBuilder(VOCAB, 1234), train_length=64,
                      keys={"step": 0}, plots=False,
                      progress=Progress("probes", stream=quiet_log, every=10, clock=lambda: 0.0))
-    assert len(quiet_log.getvalue().splitlines()) == 2  # start and end only
+    assert len(quiet_log.getvalue().splitlines()) == 3  # the plan, start and end only
     assert again.cells == r.cells

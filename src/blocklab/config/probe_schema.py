@@ -11,7 +11,7 @@ that kind's own dataclass by :func:`kind_settings`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from blocklab.config.checks import _check, _each, _finite
 from blocklab.config.facts import (
@@ -123,8 +123,12 @@ class LitmProbeConfig(ProbeKindConfig):
     query-aware layout, and closed-book (records absent) / oracle (only the gold record)
     baselines."""
 
+    ADDED: ClassVar[dict[str, Any]] = {"lengths": []}  # later options and their defaults
     enabled: bool = True
     n_records: list[int] = field(default_factory=lambda: [8, 16, 32])
+    # instead of n_records: as many records as fit in each of these multiples of the training
+    # length (sized in the model's own tokens: a text tokenizer's records differ in length)
+    lengths: list[float] = field(default_factory=list)
     gold: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # × (m-1)
     n: int = 64
     query_aware: bool = True
@@ -132,8 +136,13 @@ class LitmProbeConfig(ProbeKindConfig):
 
     def check(self, ctx: ProbeContext) -> None:
         k, live = ctx.key, self.live(ctx)
+        _check(not (self.n_records and self.lengths), f"{k}.lengths", list(self.lengths),
+               f"set either {k}.n_records (records per prompt) or {k}.lengths (as many "
+               "records as fit each length), not both", f"{k}.n_records=[] to size by length")
+        _each(f"{k}.lengths", self.lengths, lambda x: _finite(x) and x > 0,
+              "each length (a multiple of the training length) must be > 0", required=False)
         _each(f"{k}.n_records", self.n_records, lambda x: x >= 1,
-              "each record count must be >= 1", required=live)
+              "each record count must be >= 1", required=live and not self.lengths)
         _each(f"{k}.gold", self.gold, lambda x: _finite(x) and 0 <= x <= 1,
               "each gold position (a fraction of the records) must be in [0, 1]", required=live)
         _n(ctx, self.n, live)
@@ -254,17 +263,25 @@ class PerplexityProbeConfig:
     """Perplexity vs evaluation length (decoders): non-overlapping chunks and a sliding window
     (each window scores only its last ``stride`` fraction of tokens)."""
 
+    ADDED: ClassVar[dict[str, Any]] = {"text": "auto"}  # later options and their defaults
     enabled: bool = True
     lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0])
     tokens: int = 4096  # tokens scored per length and mode
     stride: float = 0.5  # sliding window: fraction of the window scored per step
+    # text space: what is read, never cycled — auto (the run's validation text where it has
+    # one, else shakespeare) | validation | shakespeare | essay | a path to a text file; token
+    # space reads held-out text of the training data's Markov chain (auto)
+    text: str = "auto"
 
 
 @dataclass
 class TextProbeConfig:
     """Text-space builder (real tokenizers): templates and haystack."""
 
-    haystack: str = "essay"  # essay (built-in plain sentences) | shakespeare | path to a .txt
+    # the needles' filler, never repeated (a cell longer than it is N/A): essay (about 580
+    # tokens of plain built-in sentences) | shakespeare (the installed plays; the text grid's)
+    # | a path to a text file
+    haystack: str = "essay"
     needle: str = "The special magic number for {key} is {value}."
     question: str = "What is the special magic number for {key}?"
     answer_prefix: str = "The special magic number for {key} is"
@@ -290,6 +307,9 @@ class ProbeSpec:
     space: str = "auto"  # auto | token | text
     seed: int = 9999  # disjoint from training seeds: probe pairings are never trained on
     train_length: int | None = None
+    # the grid for a real tokenizer (text space): a file of configs/probes/ whose grid replaces
+    # this one there, the keys set away from this file's values kept (probes=auto: text)
+    text_grid: str | None = None
     threshold: float = 0.8  # effective context length: accuracy >= threshold at every L' <= L
     batch_size: int = 64
     needle: NeedleProbeConfig = field(default_factory=NeedleProbeConfig)

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import re
 import string
+from typing import Any
 
 from blocklab.config.checks import _check, _each, _finite, _one_of
 from blocklab.config.probe_schema import ProbeContext, ProbeKindConfig, kind_settings
@@ -41,6 +42,11 @@ def validate_probe_spec(spec: ProbeSpec, key: str = "probes", *, synthetic: bool
     vocabulary rules only to enabled probes. A one-record lost-in-the-middle grid (m = 1) is
     allowed: one point, no curve (m >= 2 draws one)."""
     k = key
+    _check(spec.text_grid is None or packaged_grid(spec.text_grid) is not None,
+           f"{k}.text_grid", spec.text_grid,
+           f"the name of a probe grid file (one of {', '.join(packaged_grids())})")
+    if synthetic is not None:  # the tokenizer is known: the grid that fits it
+        spec = grid_for(spec, synthetic)
     _check(bool(_FOLDER_NAME.fullmatch(spec.name or "")), f"{k}.name", spec.name,
            "a plain folder name (letters, digits, _ . + -)")
     _one_of(f"{k}.space", spec.space, PROBE_SPACES)
@@ -68,6 +74,13 @@ def validate_probe_spec(spec: ProbeSpec, key: str = "probes", *, synthetic: bool
     _check(pp.tokens >= 1, f"{k}.perplexity.tokens", pp.tokens, "must be >= 1")
     _check(_finite(pp.stride) and 0 < pp.stride <= 1, f"{k}.perplexity.stride", pp.stride,
            "must be in (0, 1] (the fraction of each window scored)")
+    if live and space == "token":
+        _check(pp.text == "auto", f"{k}.perplexity.text", pp.text,
+               "the token-space builder reads held-out text of the training data's Markov "
+               "chain: auto", f"{k}.perplexity.text=auto")
+    elif live and space == "text":
+        _check(pp.text in PERPLEXITY_TEXTS or os.path.isfile(pp.text), f"{k}.perplexity.text",
+               pp.text, f"one of {', '.join(PERPLEXITY_TEXTS)} or a path to a text file")
 
     t = spec.text
     _check(t.max_new_tokens >= 1, f"{k}.text.max_new_tokens", t.max_new_tokens, "must be >= 1")
@@ -103,3 +116,69 @@ def _validate_kinds(spec: ProbeSpec, k: str, ctx: ProbeContext) -> None:
 
         config = lookup("probe", name, at).config
         kind_settings(spec, name, config, k).check(dataclasses.replace(ctx, key=at))
+
+
+#: probes.perplexity.text's built-in choices (anything else is a path to a text file)
+PERPLEXITY_TEXTS = ("auto", "validation", "shakespeare", "essay")
+
+
+def packaged_grids() -> list[str]:
+    """The probe grid files blocklab ships (``configs/probes/*.yaml``)."""
+    from importlib.resources import files
+
+    return sorted(f.name.removesuffix(".yaml") for f in (files("blocklab.configs") / "probes")
+                  .iterdir() if f.name.endswith(".yaml"))
+
+
+def packaged_grid(name: str) -> ProbeSpec | None:
+    """The probe spec of ``configs/probes/<name>.yaml`` (None when there is no such file)."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    if not _FOLDER_NAME.fullmatch(name or ""):
+        return None
+    f = files("blocklab.configs") / "probes" / f"{name}.yaml"
+    if not f.is_file():
+        return None
+    raw = OmegaConf.create(f.read_text())
+    raw.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ProbeSpec), raw))
+
+
+def _changed(base: Any, spec: Any) -> Any:
+    """The leaves of ``spec`` (plain nested dicts) that differ from ``base``, as a nested dict
+    (``_MISSING`` when nothing differs)."""
+    if isinstance(base, dict) and isinstance(spec, dict) and base.keys() == spec.keys():
+        out = {k: d for k in spec if (d := _changed(base[k], spec[k])) is not _MISSING}
+        return out or _MISSING
+    return _MISSING if base == spec else spec
+
+
+_MISSING = object()
+
+
+def grid_for(spec: ProbeSpec, synthetic: bool) -> ProbeSpec:
+    """The grid ``spec`` runs for a model whose vocabulary is synthetic (token space) or a real
+    tokenizer's (text space): ``spec`` itself, except in text space when it names a
+    ``text_grid`` — then that file's grid, with every key ``spec`` sets away from the schema's
+    defaults (the command line's ``probes.needle.n=8``, say) applied on top. ``probes=auto``
+    is the full grid in token space and ``text`` in text space: a text model's default
+    probes fit it instead of running the token-space grid's thousands of items on it."""
+    from omegaconf import OmegaConf
+
+    if not dataclasses.is_dataclass(spec):  # a composed config (Python use): as data
+        spec = OmegaConf.to_object(spec)
+    if synthetic or not spec.text_grid:
+        return dataclasses.replace(spec, text_grid=None) if spec.text_grid else spec
+
+    grid = packaged_grid(spec.text_grid)
+    if grid is None:
+        return spec
+    plain = OmegaConf.to_container(OmegaConf.structured(spec), enum_to_str=True)
+    base = OmegaConf.to_container(OmegaConf.structured(
+        ProbeSpec(name=spec.name, text_grid=spec.text_grid)), enum_to_str=True)
+    changed = _changed(base, plain)
+    merged = OmegaConf.merge(OmegaConf.structured(grid),
+                             {} if changed is _MISSING else changed)
+    return dataclasses.replace(OmegaConf.to_object(merged), text_grid=None)

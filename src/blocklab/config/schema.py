@@ -266,6 +266,9 @@ class LoggerConfig:
     mode: str = "offline"  # wandb: offline unless asked
     run_name: str | None = None  # null = the run directory's name (a sweep job: its varied keys)
     group: str | None = None  # null = none (a sweep job: the sweep directory's name)
+    # tags to filter runs by (wandb's run tags; every logger has them in the config); a sweep
+    # job also gets one per varied key, e.g. model/position=alibi
+    tags: list[str] = field(default_factory=list)
     log_checkpoints: bool = False  # wandb: each checkpoint also as an artifact (opt-in: size)
 
 

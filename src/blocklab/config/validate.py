@@ -9,7 +9,7 @@ import dataclasses
 import re
 from typing import Any
 
-from blocklab.config.checks import _check, _finite, _name, _one_of
+from blocklab.config.checks import _check, _each, _finite, _name, _one_of
 from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     ACCELERATORS,
@@ -156,6 +156,9 @@ def validate_logger(lg: LoggerConfig, key: str = "logger") -> LoggerConfig:
         rule = getattr(component, "check", None)
         if rule is not None:
             rule(lg, key)
+    _each(f"{key}.tags", lg.tags, lambda t: isinstance(t, str) and 0 < len(t.strip()) <= 64,
+          "each tag must be a non-empty string of at most 64 characters (wandb's limit)",
+          required=False)
     return lg
 
 
@@ -194,8 +197,8 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
     validate_trainer(tc.trainer)
     validate_logger(tc.logger)
     validate_callbacks(tc.callbacks)
-    for key in ("probes", "checkpoint_probes"):
-        validate_run_probe_spec(getattr(tc, key), tc, key)
+    for key in ("probes", "checkpoint_probes"):  # each as it runs for this tokenizer
+        setattr(tc, key, validate_run_probe_spec(getattr(tc, key), tc, key))
     return tc
 
 
@@ -236,7 +239,8 @@ def validate_eval(cfg: EvalConfig) -> EvalConfig:
         validate_text_sources(cfg.data, evaluation=True)
         _one_of("data.format", cfg.data.format, DATA_FORMATS)
         _one_of("data.utf8_errors", cfg.data.utf8_errors, UTF8_ERRORS)
-    validate_probe_spec(cfg.probes, "probes", synthetic=False if cfg.hf_model else None)
+    cfg.probes = validate_probe_spec(cfg.probes, "probes",
+                                     synthetic=False if cfg.hf_model else None)
     return cfg
 
 

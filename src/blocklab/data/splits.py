@@ -70,6 +70,11 @@ class Spans:
     def __len__(self) -> int:
         return len(self.doc)
 
+    def documents(self) -> list[np.ndarray]:
+        """Each span's tokens (read-only views), in span order."""
+        return [self.corpus.doc(int(d))[int(a):int(b)]
+                for d, a, b in zip(self.doc, self.start, self.stop)]
+
 
 @dataclass(frozen=True)
 class Split:

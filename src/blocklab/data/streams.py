@@ -39,6 +39,9 @@ class Streams:
     train_examples: int | None = None  # distinct training examples, one epoch (text)
     # every training example's tokens as the rows of one array (packed text), else None
     train_rows: Callable[[], np.ndarray] | None = None
+    # the validation text as whole documents (token arrays as prepared: ``bos ids eos``, a
+    # document cut by the split from its cut), in corpus order (text; None: synthetic)
+    val_documents: Callable[[], list[np.ndarray]] | None = None
 
 
 def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
@@ -107,7 +110,8 @@ def _streams(data: DataConfig, prepared, corpus, split, identity: dict, note: st
                    description=described, specials=prepared.specials,
                    val_examples=stream.val_examples,
                    train_examples=stream.pieces - stream.val_examples,
-                   train_rows=getattr(stream, "train_rows", None))
+                   train_rows=getattr(stream, "train_rows", None),
+                   val_documents=lambda: split.val.documents())
 
 
 def build_eval_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:

@@ -112,8 +112,9 @@ def _read_png(path: str | Path) -> Any:
 class ProbeCallback(L.Callback):
     def __init__(self, spec, tc, meta: dict[str, Any], run_dir: Path, *,
                  run: Callable[..., Any] = probe_model, verbose: bool = False,
-                 all_ranks: bool = False) -> None:
+                 all_ranks: bool = False, validation: Callable[..., Any] | None = None) -> None:
         self.spec, self.tc, self.meta, self.run_dir = spec, tc, meta, Path(run_dir)
+        self.validation = validation  # the run's validation text, for the perplexity probe
         self.run, self.verbose = run, verbose
         # Sharded parameters: every rank must take part in every forward; rank 0 writes.
         self.all_ranks = all_ranks
@@ -132,8 +133,10 @@ class ProbeCallback(L.Callback):
         out_dir = probe_dir(self.run_dir, name, self.spec)
         was_training = pl_module.model.training
         try:
+            extra = {"validation": self.validation} if self.validation is not None else {}
             result = self.run(pl_module.model, self.tc, self.meta, self.spec, step=step,
-                              checkpoint=name, out_dir=out_dir if zero else None, plots=True)
+                              checkpoint=name, out_dir=out_dir if zero else None, plots=True,
+                              **extra)
         except Exception as e:
             if not zero:
                 pl_module.model.train(was_training)

@@ -19,14 +19,11 @@ import torch
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import (
-    ConfigError,
     DataConfig,
     TrainConfig,
-    validate_probe_spec,
     validate_run_probe_spec,
 )
 from blocklab.config.stored import stored_config
-from blocklab.provenance import config_hash, digest
 
 
 def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
@@ -42,12 +39,15 @@ def _stderr(line: str) -> None:
 def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = None,
                     batch_size: int | None = None, out_dir: str | Path | None = None,
                     run_data: str = "auto", model: torch.nn.Module | None = None,
-                    dest: str | Path | None = None) -> dict[str, Any]:
+                    dest: str | Path | None = None, keep: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """The checkpoint's validation loss on its run's validation stream, written to
     ``out_dir/val.json`` (default ``<run dir>/eval/<checkpoint>/val.json``); ``val_loss`` is
     None, with the reason in ``skipped``, where ``run_data`` (eval/rundata.py) says not to.
     ``target`` may be a checkpoint read already (and ``model`` its model); ``dest`` is where a
-    prepared corpus may be cached (default: ``out_dir``'s, else ``<run dir>/eval``)."""
+    prepared corpus may be cached (default: ``out_dir``'s, else ``<run dir>/eval``); ``keep``
+    receives the streams read (``keep["streams"]``: the probes' perplexity reads the same
+    validation text)."""
     from blocklab.data.datamodule import ResumableBatches
     from blocklab.eval.rundata import run_streams
     from blocklab.objectives import build_objective
@@ -60,6 +60,8 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
     streams, skipped = run_streams(loaded, run_data, dest, log=_stderr)
     if streams is None:
         return {**result, "skipped": skipped}
+    if keep is not None:
+        keep["streams"] = streams
     if model is None:
         model, _ = ckpt.model_of(loaded)
     objective = build_objective(tc.model.family.name, tc.data, streams.specials)
@@ -121,15 +123,26 @@ def corpus_loss(loaded: ckpt.Loaded, data: DataConfig, *, model: torch.nn.Module
     from blocklab.data.splits import validation_source
     from blocklab.eval.rundata import corpus_streams, describe
     from blocklab.objectives import build_objective
+    from blocklab.progress import Progress
 
+    say = Progress("eval")
     out = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
+    if json.loads(loaded.meta["tokenizer"]).get("kind") != "synthetic":  # else refused below
+        say(f"reading {describe(data)} with the checkpoint's tokenizer (prepared once, then "
+            "cached)")
     streams, data = corpus_streams(loaded, data, Path(out_dir or loaded.run_dir / "eval"))
     size = batch_size or loaded.config.data.batch_size
     n = streams.val_examples if not batches else min(streams.val_examples, batches * size)
     objective = build_objective(loaded.config.model.family.name, data, streams.specials)
-    summed = summed_loss(model, objective, streams.val,
-                         ([(i, None) for i in range(a, min(a + size, n))]
-                          for a in range(0, n, size)))
+    starts = range(0, n, size)
+    with say.count(f"loss over {n:,} sequences of up to {data.seq_len} tokens: batches",
+                   len(starts)) as tick:
+        def counted():
+            for a in starts:
+                yield [(i, None) for i in range(a, min(a + size, n))]
+                tick()
+
+        summed = summed_loss(model, objective, streams.val, counted())
     loss, count = summed.loss, summed.count
     source, what = validation_source(data)  # what was read: its validation source, if named
     file = out / (f"data-{streams.fingerprint}"
@@ -189,11 +202,12 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
         owner = run_lock(writable_dir(run_dir, "run directory"), "eval")
     with owner:
         loaded = ckpt.read(target)
-        if spec.enabled:
-            validate_run_probe_spec(spec, loaded.config)
+        if spec.enabled:  # the grid that fits the run's tokenizer, checked before any work
+            spec = validate_run_probe_spec(spec, loaded.config)
         model, _ = ckpt.model_of(loaded)
         loaded = dataclasses.replace(loaded, weights={})  # the model holds them now
         own = data is None or run_data != "auto"  # with data=, the run's loss only if asked
+        kept: dict[str, Any] = {}  # the streams validation read, for the probes' perplexity
         if loaded.meta.get("imported") or not own:  # imported: no training data to validate on
             result = {"checkpoint": str(loaded.path), "step": loaded.meta["step"],
                       "val_loss": None, "val_targets": 0, "arch_hash": loaded.meta["arch_hash"],
@@ -201,12 +215,14 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
                       if own else None}
         else:
             result = validation_loss(loaded, batches=val_batches, batch_size=batch_size,
-                                     out_dir=out, run_data=run_data, model=model)
+                                     out_dir=out, run_data=run_data, model=model, keep=kept)
         if data is not None:
             result["corpus"] = corpus_loss(loaded, data, model=model, batches=val_batches,
                                            batch_size=batch_size, out_dir=out)
-        probes = (probe_checkpoint(loaded, spec, out=probe_out(out, spec), model=model)
-                  if spec.enabled else None)
+        validation = (validation_text(kept["streams"], kept["streams"].specials)
+                      if "streams" in kept else None)
+        probes = (probe_checkpoint(loaded, spec, out=probe_out(out, spec), model=model,
+                                   validation=validation) if spec.enabled else None)
     return result, probes
 
 
@@ -218,134 +234,22 @@ def probe_out(out: str | Path | None, spec) -> Path | None:
     return None if out is None else Path(out) / f"{spec.name}-{spec_hash(spec)}"
 
 
-# ------------------------------------------------------------------------------------ probes
+# The probes on a blocklab model or a Hugging Face one live in eval/onmodel.py; these names stay
+# importable from here.
+from blocklab.eval.onmodel import (  # noqa: E402
+    HF_TRAIN_LENGTH,
+    probe_builder,
+    probe_checkpoint,
+    probe_dir,
+    probe_hf,
+    probe_keys,
+    probe_model,
+    run_title,
+    train_length,
+    validation_text,
+)
 
-def probe_keys(meta: dict[str, Any], spec, *, step: int, checkpoint: str | None) -> dict[str, Any]:
-    """The keys every probe row and summary carries, so results across checkpoints and runs
-    line up: checkpoint step, config hash, tokenizer hash, probe-spec hash."""
-    from blocklab.eval.items import spec_hash
-
-    return {"step": step, "checkpoint": checkpoint, "config_hash": config_hash(meta["config"]),
-            "arch_hash": meta.get("arch_hash"), "tokenizer_hash": meta.get("tokenizer_hash"),
-            "spec_hash": spec_hash(spec)}
-
-
-def probe_builder(spec, tc: TrainConfig, tokenizer_json: str, specials=None, *,
-                  add_bos: bool = True):
-    """(builder, decode) for a blocklab run: token space for the synthetic vocabulary, text
-    space for a real tokenizer (``spec.space`` may force either; the text builder begins
-    every prompt with the tokenizer's own BOS)."""
-    from blocklab.data.tokenizer import BLOCKLAB_SPECIALS, tokenizer_from_json
-    from blocklab.eval.items import TokenBuilder
-    from blocklab.eval.textspace import TextBuilder, TextTokenizer
-
-    tok = tokenizer_from_json(tokenizer_json)
-    synthetic = json.loads(tokenizer_json).get("kind") == "synthetic"
-    space = spec.space if spec.space != "auto" else ("token" if synthetic else "text")
-    if space == "token":
-        if not synthetic:
-            raise ConfigError(f"config error: probes.space={spec.space!r}: the token-space "
-                              "builder needs the synthetic vocabulary; use probes.space=text")
-        return TokenBuilder(tok, tc.data.seed, language_model=tc.data.tasks.markov_lm > 0), None
-    if space != "text":
-        raise ConfigError(f"config error: probes.space={spec.space!r}: one of auto, token, text")
-    if synthetic:
-        raise ConfigError("config error: probes.space='text': this run's tokenizer is the "
-                          "synthetic vocabulary; use probes.space=token (or auto)")
-    # an imported tokenizer that never starts plain text with BOS gets none (as in HF)
-    bos = (specials or BLOCKLAB_SPECIALS).bos if add_bos else None
-    text_tok = TextTokenizer.from_tokenizers(tok, bos=bos, name=tc.tokenizer.name.value)
-    return TextBuilder(text_tok, spec), text_tok.decode
-
-
-def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], spec, *,
-                step: int, checkpoint: str | None, out_dir: Path | None, log=None, plots=True):
-    """Run ``spec`` on an in-memory blocklab model (the callback and blocklab-eval share it)."""
-    from blocklab.data.tokenizer import Specials
-    from blocklab.eval.backends import BlocklabBackend
-    from blocklab.eval.probes import run_spec
-    from blocklab.objectives import build_objective
-
-    specials = Specials.from_dict(meta.get("specials"))
-    builder, decode = probe_builder(spec, tc, meta["tokenizer"], specials,
-                                    add_bos=meta.get("text_bos", True))
-    # Probe items are scored one per row (never packed), in the run's own batch format.
-    objective = build_objective(tc.model.family.name,
-                                dataclasses.replace(tc.data, packing=False), specials)
-    keys = probe_keys(meta, spec, step=step, checkpoint=checkpoint)
-    was_training = model.training
-    model.eval()
-    try:
-        return run_spec(BlocklabBackend(model, objective), spec, builder=builder,
-                        train_length=spec.train_length or train_length(meta, tc), keys=keys,
-                        out_dir=out_dir, decode=decode, log=log, plots=plots)
-    finally:
-        model.train(was_training)
-
-
-#: The reference length probe lengths are multiples of for a model trained elsewhere.
-HF_TRAIN_LENGTH = 512
-
-
-def train_length(meta: dict[str, Any], tc: TrainConfig) -> int:
-    """The length probe lengths are multiples of: the run's training length; for an imported
-    model (trained elsewhere) 512, as for a Hugging Face model probed directly."""
-    return HF_TRAIN_LENGTH if meta.get("imported") else tc.data.seq_len
-
-
-
-def probe_dir(run_dir: Path, checkpoint_name: str, spec) -> Path:
-    """``<run dir>/probes/<checkpoint>/<spec name>-<spec hash>``: next to the checkpoints,
-    outside them (pruning old checkpoints never deletes their probe results)."""
-    from blocklab.eval.items import spec_hash
-
-    return Path(run_dir) / "probes" / checkpoint_name / f"{spec.name}-{spec_hash(spec)}"
-
-
-def probe_checkpoint(target: str | Path | ckpt.Loaded, spec, *, out: str | Path | None = None,
-                     log=print, model: torch.nn.Module | None = None):
-    """``blocklab-eval ckpt=<path> probes=<spec>``: probe a checkpoint on its own (``target``
-    may be one read already, and ``model`` its model)."""
-    loaded = target if isinstance(target, ckpt.Loaded) else ckpt.read(target)
-    if model is None:
-        model, _ = ckpt.model_of(loaded)
-    tc = loaded.config
-    validate_run_probe_spec(spec, tc)  # against the run's vocabulary (enough distinct keys)
-    out_dir = Path(out) if out else probe_dir(loaded.run_dir, loaded.name, spec)
-    return probe_model(model, tc, loaded.meta, spec, step=int(loaded.meta["step"]),
-                       checkpoint=str(loaded.path), out_dir=out_dir, log=log)
-
-
-def probe_hf(model_dir: str, spec, *, gguf_file: str | None = None,
-             out: str | Path | None = None, log=print):
-    """``blocklab-eval hf_model=<dir> [hf_gguf=<file>] probes=text``: the same text-space
-    probes on a Hugging Face causal LM, through :class:`blocklab.eval.hf.HFCausalLM`."""
-    from blocklab.eval.hf import HFCausalLM, check_hf_model, load_hf_causal_lm
-    from blocklab.eval.items import spec_hash
-    from blocklab.eval.probes import run_spec
-    from blocklab.eval.textspace import TextBuilder, TextTokenizer
-
-    validate_probe_spec(spec, "probes", synthetic=False)  # a real tokenizer: text space
-    check_hf_model(model_dir, gguf_file=gguf_file)  # one line, before anything is loaded
-    if not spec.train_length:  # the reference length lengths are multiples of (on a copy:
-        spec = dataclasses.replace(spec, train_length=HF_TRAIN_LENGTH)  # the caller's stays)
-    model, hf_tok = load_hf_causal_lm(model_dir, gguf_file=gguf_file)
-    name = Path(gguf_file or model_dir).stem
-    text_tok = TextTokenizer.from_hf(hf_tok, name=name)
-    chat = None
-    if spec.text.chat_template:
-        def chat(user: str, prefix: str) -> str:
-            return hf_tok.apply_chat_template([{"role": "user", "content": user}],
-                                              tokenize=False, add_generation_prompt=True) + prefix
-    builder = TextBuilder(text_tok, spec, chat=chat)
-    config = model.config.to_dict()
-    keys = {"step": None, "checkpoint": f"hf:{model_dir}" + (f"/{gguf_file}" if gguf_file else ""),
-            "config_hash": digest(config),
-            "arch_hash": None,
-            "tokenizer_hash": digest(sorted(hf_tok.get_vocab().items())),
-            "spec_hash": spec_hash(spec)}
-    out_dir = Path(out) if out else Path("outputs") / "eval" / name / f"{spec.name}-{spec_hash(spec)}"
-    return run_spec(HFCausalLM(model, hf_tok, name=f"hf:{name}",
-                               batch_size=spec.batch_size), spec,
-                    builder=builder, train_length=spec.train_length, keys=keys,
-                    out_dir=out_dir, decode=text_tok.decode, log=log)
+__all__ = ["HF_TRAIN_LENGTH", "corpus_loss", "evaluate_checkpoint", "probe_builder",
+           "probe_checkpoint", "probe_dir", "probe_hf", "probe_keys", "probe_model", "probe_out",
+           "result_lines", "run_title", "summed_loss", "train_length", "validation_loss",
+           "validation_text"]

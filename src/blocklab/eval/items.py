@@ -74,9 +74,20 @@ def spec_hash(spec: ProbeSpec | dict[str, Any]) -> str:
 
     plain = spec if isinstance(spec, dict) else OmegaConf.to_container(
         OmegaConf.structured(spec), enum_to_str=True)
-    plain = {k: v for k, v in plain.items() if k not in ("name", "batch_size", "enabled")
+    plain = {k: v for k, v in plain.items() if k not in ("name", "batch_size", "enabled",
+                                                         "text_grid")
              and not (k == "kinds" and not v)}  # no user kinds: the hash of every older spec
+    # options added later (``ADDED`` of a settings class) hash only when set away from their
+    # defaults, so every older spec keeps its hash
+    for name, section in plain.items():
+        added = getattr(getattr(spec, name, None), "ADDED", None) if not isinstance(
+            spec, dict) else None
+        if added and isinstance(section, dict):
+            plain[name] = {k: v for k, v in section.items() if added.get(k, _NONE) != v}
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:12]
+
+
+_NONE = object()
 
 
 def lengths_of(multiples: list[float], train_length: int) -> list[int]:
@@ -152,10 +163,17 @@ class TokenBuilder:
         self.vocab, self.data_seed = vocab, data_seed
         self.language_model = language_model  # the training mixture has a markov_lm slice
 
-    def stream(self, spec: ProbeSpec, n_tokens: int) -> tuple[list[int], int | None]:
-        """The held-out Markov stream; :class:`NotApplicable` (-> N/A rows) when the model was
-        never trained to predict it: its perplexity would measure nothing."""
+    def perplexity_text(self, spec: ProbeSpec, need: int):
+        """The held-out Markov stream (one document of ``need`` tokens);
+        :class:`NotApplicable` (-> N/A rows) when the model was never trained to predict it:
+        its perplexity would measure nothing."""
+        from blocklab.eval.texts import PerplexityText
+
         if not self.language_model:
             raise NotApplicable("the training mixture has no language-modelling slice "
                                 "(data.tasks.markov_lm=0)")
-        return markov_stream(self.data_seed, spec.seed, self.vocab, n_tokens), syn.BOS
+        stream = markov_stream(self.data_seed, spec.seed, self.vocab, need)
+        return PerplexityText(f"held-out text of the training data's Markov chain "
+                              f"({len(stream):,} tokens)", [stream])
+
+    bos = syn.BOS  # every perplexity window starts with it, as every training sequence

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from blocklab.progress import Progress, quiet
+
 
 def window_plan(n_stream: int, body: int, mode: str, stride: float, n_tokens: int
                 ) -> list[tuple[int, int]]:
@@ -37,45 +39,97 @@ def _na(key: dict[str, Any], status: str) -> dict[str, Any]:
     return {**key, "n": 0, "nll": None, "ppl": None, "status": status}
 
 
-def _windows_nll(backend, stream: list[int], head: list[int], length: int,
-                 plan: list[tuple[int, int]], batch_tokens: int) -> tuple[float, int]:
+def document_plan(documents: list[list[int]], body: int, mode: str, stride: float,
+                  n_tokens: int) -> tuple[list[tuple[int, int, int]], int]:
+    """(document, start, first scored offset) of each window of ``body`` tokens, document by
+    document (a window never spans two documents; a document shorter than one window gives
+    none), until at least ``n_tokens`` are scored; and how many are."""
+    plan: list[tuple[int, int, int]] = []
+    scored = 0
+    for d, doc in enumerate(documents):
+        if scored >= n_tokens:
+            break
+        for start, first in window_plan(len(doc), body, mode, stride, n_tokens - scored):
+            plan.append((d, start, first))
+            scored += body - first
+    return plan, scored
+
+
+def _windows_nll(backend, documents: list[list[int]], head: list[int], length: int,
+                 plan: list[tuple[int, int, int]], batch_tokens: int, tick) -> tuple[float, int]:
     """Summed NLL and count of the scored tokens of every window in ``plan``, batched so that
-    one forward pass holds about ``batch_tokens`` tokens."""
+    one forward pass holds about ``batch_tokens`` tokens (``tick()`` after each)."""
     body = length - len(head)
     total, count = 0.0, 0
     per_batch = max(1, batch_tokens // length)
     for i in range(0, len(plan), per_batch):
         chunk = plan[i:i + per_batch]
-        windows = torch.tensor([head + stream[s:s + body] for s, _ in chunk])
+        windows = torch.tensor([head + list(documents[d][s:s + body]) for d, s, _ in chunk])
         nll = backend.token_nll(windows)  # (B, length-1): predicts tokens 1..length-1
-        for r, (_, s) in enumerate(chunk):
+        for r, (_, _, s) in enumerate(chunk):
             part = nll[r, len(head) - 1 + s:] if head else nll[r, max(s - 1, 0):]
             total, count = total + float(part.sum()), count + part.numel()
+        tick()
     return total, count
 
 
 @torch.no_grad()
-def perplexity_rows(backend, stream: list[int], bos: int | None, lengths: list[int],
-                    n_tokens: int, stride: float, batch_tokens: int) -> list[dict[str, Any]]:
-    """Perplexity at each evaluation length: non-overlapping windows, and a sliding window that
-    scores only its last ``stride`` fraction (every scored token then has at least
-    (1 - stride)·L tokens of context). Each window starts with ``bos`` when given (as every
-    training sequence does)."""
-    rows = []
+def perplexity_rows(backend, documents: list[list[int]], bos: int | None, lengths: list[int],
+                    n_tokens: int, stride: float, batch_tokens: int, *,
+                    progress: Progress | None = None, text: str = "the text"
+                    ) -> list[dict[str, Any]]:
+    """Perplexity at each evaluation length over ``documents`` (never cycled: a length whose
+    windows cannot score ``n_tokens`` tokens of it is N/A, with the reason): non-overlapping
+    windows, and a sliding window that scores only its last ``stride`` fraction (every scored
+    token then has at least (1 - stride)·L tokens of context). Each window starts with ``bos``
+    when given (as every training sequence does); ``text`` names the text in the reasons."""
     head = [bos] if bos is not None else []
     limit = backend.max_length()
+    jobs: list[tuple[dict[str, Any], int, list | None, str | None]] = []
     for length in lengths:
         for mode in ("nonoverlapping", "sliding"):
             key = {"probe": "perplexity", "variant": mode, "length": length}
             if limit is not None and length > limit:
-                rows.append(_na(key, f"n/a: length {length} > {limit} positions the model "
-                                     "can index"))
+                jobs.append((key, length, None, f"n/a: length {length} > {limit} positions "
+                                                "the model can index"))
                 continue
-            plan = window_plan(len(stream), length - len(head), mode, stride, n_tokens)
-            if not plan:
-                rows.append(_na(key, f"n/a: stream of {len(stream)} tokens < length {length}"))
+            plan, scored = document_plan(documents, length - len(head), mode, stride, n_tokens)
+            if scored < n_tokens:
+                longest = max((len(d) for d in documents), default=0)
+                jobs.append((key, length, None, (
+                    f"n/a: {text} holds {sum(len(d) for d in documents):,} tokens (longest "
+                    f"document {longest:,}): {scored:,} of probes.perplexity.tokens="
+                    f"{n_tokens:,} scorable in windows of {length} (never cycled)")))
                 continue
-            total, count = _windows_nll(backend, stream, head, length, plan, batch_tokens)
-            rows.append({**key, "n": count, "nll": total / count, "ppl": math.exp(total / count),
-                         "status": "ok"})
+            jobs.append((key, length, plan, None))
+    progress = progress or quiet()
+    windows = sum(-(-len(plan) // max(1, batch_tokens // length))
+                  for _, length, plan, _ in jobs if plan)
+    rows = []
+    with progress.count(f"perplexity at {len(lengths)} lengths: batches", windows) as tick:
+        for key, length, plan, na in jobs:
+            if plan is None:
+                rows.append(_na(key, na))
+                continue
+            total, count = _windows_nll(backend, documents, head, length, plan, batch_tokens,
+                                        tick)
+            rows.append({**key, "n": count, "nll": total / count,
+                         "ppl": math.exp(total / count), "status": "ok"})
     return rows
+
+
+def repeated_share(tokens: list[int], n: int = 32) -> float:
+    """The share of ``tokens``' n-grams that occurred earlier in them: about 0 for natural
+    text, 1/2 for a text repeated twice. Perplexity on text that repeats measures copying
+    (a model that has seen a span once predicts it again), not context use."""
+    if len(tokens) <= n:
+        return 0.0
+    seen: set[tuple[int, ...]] = set()
+    again = 0
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i:i + n])
+        if gram in seen:
+            again += 1
+        else:
+            seen.add(gram)
+    return again / (len(tokens) - n + 1)

@@ -88,6 +88,35 @@ def _ratio_label(length: int, train_length: int | None) -> str:
     return f"×{length / train_length:.3g}"
 
 
+def cells_note(rows: Iterable[Cell], *, beyond: int | None = None) -> str:
+    """The footnote every probe figure carries: items per cell (n, or its range), the interval
+    drawn, and each distinct reason a cell is N/A (a grey "N/A" never stands unexplained)."""
+    rows = list(rows)
+    ns = sorted({n for r in rows if not _is_na(r) and (n := finite_int(r.get("n")))})
+    parts = []
+    if ns:
+        parts.append(f"n = {ns[0]} items per cell" if len(ns) == 1 else
+                     f"n = {ns[0]}-{ns[-1]} items per cell")
+    reasons = list(dict.fromkeys(str(r.get("status")).removeprefix("n/a: ") for r in rows
+                                 if str(r.get("status") or "").startswith("n/a")))
+    lines = ["; ".join(parts)] if parts else []
+    for reason in reasons[:4]:
+        lines.append("N/A: " + (reason if len(reason) <= 110 else reason[:107] + "..."))
+    if len(reasons) > 4:
+        lines.append(f"N/A: {len(reasons) - 4} more reasons in cells.csv")
+    return "\n".join(lines)
+
+
+def add_note(fig: Any, note: str) -> None:
+    """``note`` under the axes, small, left-aligned: the figure's bottom label, which the
+    constrained layout makes room for (the figure grows to hold it)."""
+    if not note:
+        return
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w, h + 0.15 * (note.count("\n") + 1))
+    fig.supxlabel(note, x=0.01, ha="left", fontsize=7, color="#444444")
+
+
 # --------------------------------------------------------------------------- needle
 
 
@@ -240,6 +269,7 @@ def panels_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label:
 
     fig.colorbar(image, ax=list(axes), label="accuracy", shrink=0.9, pad=0.02)
     fig.suptitle(title, fontsize=12)
+    add_note(fig, cells_note(rows))
     return fig
 
 
@@ -285,6 +315,7 @@ def grid_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label: s
     _mark_train_length(ax, lengths, train_length, n_rows)
     fig.colorbar(image, ax=ax, label="accuracy", shrink=0.9, pad=0.02)
     ax.set_title(f"{heading}\n{title}" if title else heading, fontsize=10)
+    add_note(fig, cells_note(rows))
     return fig
 
 
@@ -303,15 +334,17 @@ def _ppl_curve(rows: Sequence[Cell], variant: str, lengths: Sequence[int]) -> li
 
 
 def plot_perplexity(cells: Iterable[Cell], path: str | os.PathLike[str], *,
-                    train_length: int | None, title: str = "") -> Path:
+                    train_length: int | None, title: str = "", text: str = "") -> Path:
     """:func:`perplexity_figure`, saved as a PNG at ``path``."""
-    return save_png(perplexity_figure(cells, train_length=train_length, title=title), path)
+    return save_png(perplexity_figure(cells, train_length=train_length, title=title,
+                                      text=text), path)
 
 
 def perplexity_figure(cells: Iterable[Cell], *, train_length: int | None,
-                      title: str = "") -> Any:
+                      title: str = "", text: str = "") -> Any:
     """Perplexity against context length (log2 x, log y), one line per variant; N/A points
-    (ppl None) are skipped and break the line; dashed vertical line at the training length."""
+    (ppl None) are skipped and break the line; dashed vertical line at the training length;
+    ``text`` (what was read) under the title, the N/A reasons in a footnote."""
     from matplotlib.ticker import NullFormatter, NullLocator
 
     rows = select(cells, "perplexity")
@@ -353,5 +386,8 @@ def perplexity_figure(cells: Iterable[Cell], *, train_length: int | None,
     ax.grid(alpha=0.3, which="both")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=9, loc="best")
-    ax.set_title(title or "Perplexity by context length", fontsize=12)
+    heading = title or "Perplexity by context length"
+    ax.set_title(f"{heading}\non {text}" if text else heading, fontsize=10 if text else 12)
+    add_note(fig, "\n".join(line for line in cells_note(rows).splitlines()
+                            if line.startswith("N/A")))
     return fig

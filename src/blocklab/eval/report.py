@@ -71,15 +71,19 @@ def _plots(result: ProbeResult, folder: Path, train_length: int) -> dict[str, st
     from blocklab.eval.kinds import kinds
     from blocklab.plotting import save_png
 
-    title = f"step {result.summary.get('step')} · {result.summary.get('backend')}"
+    summary = result.summary
+    step = summary.get("step")
+    title = " · ".join(x for x in (summary.get("title") or summary.get("backend"),
+                                   f"step {step}" if step is not None else None) if x)
     probes = {c["probe"] for c in result.cells}
     figures = {}
     for kind in kinds():
         if kind.name in probes:
             figures.update(kind.figures(result.cells, train_length=train_length, title=title))
     if any(c["probe"] == "perplexity" and c.get("ppl") is not None for c in result.cells):
-        figures["perplexity"] = plots.perplexity_figure(result.cells,
-                                                        train_length=train_length, title=title)
+        figures["perplexity"] = plots.perplexity_figure(
+            result.cells, train_length=train_length, title=title,
+            text=(summary.get("perplexity_text") or {}).get("name", ""))
     return {f"{stem}_png": save_png(fig, folder / f"{stem}.png").name
             for stem, fig in figures.items()}
 
@@ -87,25 +91,80 @@ def _plots(result: ProbeResult, folder: Path, train_length: int) -> dict[str, st
 # ------------------------------------------------------------------------------ printed table
 
 
-def _perplexity_lines(rows: list[dict[str, Any]]) -> list[str]:
+def _perplexity_lines(rows: list[dict[str, Any]], text: dict[str, Any] | None,
+                      train_length: int | None) -> list[str]:
     na = {r["status"] for r in rows if r["ppl"] is None}
     if rows and len(na) == 1 and all(r["ppl"] is None for r in rows):
         return [f"perplexity vs evaluation length: {na.pop()}"]
     if not rows:
         return []
-    return ["perplexity vs evaluation length:"] + [
-        f"  {r['variant']:<15} L={r['length']:<6} "
-        f"{fmt(r['ppl'], '.3f') if r['ppl'] is not None else r['status']}" for r in rows]
+    lines = ["perplexity vs evaluation length"
+             + (f" on {text['name']}:" if text else ":")]
+    if text and text.get("note"):
+        lines.append(f"  note: {text['note']}")
+    for r in rows:
+        mark = " (beyond the training length)" if (
+            train_length and r["ppl"] is not None and r["length"] > train_length) else ""
+        lines.append(f"  {r['variant']:<15} L={r['length']:<6} "
+                     f"{fmt(r['ppl'], '.3f') if r['ppl'] is not None else r['status']}{mark}")
+    return lines
+
+
+def _na_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each distinct reason a cell is N/A, with the cells it applies to (kind, variant,
+    lengths): the table's "N/A" never stands without its reason."""
+    reasons: dict[tuple[str, str], dict[str, list[Any]]] = {}
+    for r in rows:
+        status = str(r.get("status") or "")
+        if not status.startswith("n/a") or r.get("probe") == "perplexity":
+            continue
+        where = reasons.setdefault((str(r.get("probe")), status), {})
+        lengths = where.setdefault(str(r.get("variant", "")), [])
+        if r.get("length") not in lengths:
+            lengths.append(r.get("length"))
+    if not reasons:
+        return []
+    lines = ["not applicable (N/A above):"]
+    for (probe, status), where in reasons.items():
+        cells = "; ".join(f"{v} at {', '.join(str(x) for x in ls)}" for v, ls in where.items())
+        lines.append(f"  {probe}: {status.removeprefix('n/a: ')} ({cells})")
+    return lines
+
+
+def _beyond_lines(rows: list[dict[str, Any]], train_length: int | None) -> list[str]:
+    """Which measured cells' prompts are longer than the model's training length (a length
+    generalisation result, not a within-context one)."""
+    beyond: dict[str, list[Any]] = {}
+    for r in rows:
+        if r.get("beyond_train_length") and r.get("n") and r.get("probe") != "perplexity":
+            lengths = beyond.setdefault(str(r.get("probe")), [])
+            if r.get("length") not in lengths:
+                lengths.append(r.get("length"))
+    if not beyond:
+        return []
+    return [f"beyond the training length {train_length:,} (prompts longer than the model "
+            "trained on): " + "; ".join(f"{p} at {', '.join(str(x) for x in sorted(ls))}"
+                                        for p, ls in beyond.items())]
 
 
 def format_report(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """The probe table printed at the end of training and by blocklab-eval: each kind's block
-    (in the registry's order), perplexity, the count and time."""
+    (in the registry's order), the reasons of N/A cells, the cells beyond the training length,
+    perplexity, the count and time."""
     from blocklab.eval.kinds import kinds
 
     lines = []
     for kind in kinds():
         lines += kind.report_lines(summary.get(kind.name) or {})
-    lines += _perplexity_lines(summary["perplexity"])
-    lines.append(f"({summary['n_examples']} examples in {summary['seconds']:.1f} s)")
+    train_length = summary.get("train_length")
+    lines += _na_lines(rows)
+    lines += _beyond_lines(rows, train_length)
+    lines += _perplexity_lines(summary["perplexity"], summary.get("perplexity_text"),
+                               train_length)
+    items_s = summary.get("item_seconds", summary["seconds"])
+    scored = sum(r["n"] or 0 for r in summary["perplexity"])
+    lines.append(f"({summary['n_examples']:,} items in {items_s:.1f} s"
+                 + (f"; perplexity over {scored:,} tokens in "
+                    f"{summary['seconds'] - items_s:.1f} s" if scored else "")
+                 + f"; {summary['seconds']:.1f} s in all)")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ statistics over these rows live in ``blocklab.eval.aggregate``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -135,7 +136,27 @@ def _from_prefix(backend, items: list[ProbeItem], n_new: int | None
     return _stats(items, logp, mask, lambda first: best), generated
 
 
+def within_positions(backend, items: list[ProbeItem]) -> list[ProbeItem]:
+    """The items with only the in-context alternatives that fit the model's positions after
+    the prompt: the gold answer always fits (its cell would be N/A otherwise), but another
+    value may tokenize longer; scoring it would index past a learned table, and cutting it
+    would understate its log-prob (and so overstate the margin)."""
+    limit = backend.max_length() if hasattr(backend, "max_length") else None
+    if limit is None:
+        return items
+    out = []
+    for it in items:
+        room = limit - len(it.prompt)
+        keep = [j for j, c in enumerate(it.candidates) if j == it.gold or len(c) <= room]
+        if len(keep) < len(it.candidates):
+            it = dataclasses.replace(it, candidates=[it.candidates[j] for j in keep],
+                                     gold=keep.index(it.gold))
+        out.append(it)
+    return out
+
+
 def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> list[dict[str, Any]]:
+    items = within_positions(backend, items)
     width = max(len(it.answer) for it in items)
     # One-token answers without text: the first greedy token *is* the argmax of this
     # distribution (the KV-cached generation path is checked to agree in tests), so no greedy.
@@ -143,6 +164,7 @@ def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> lis
     # Text space generates max_new_tokens, but never fewer than the gold answer's tokens plus
     # a little: a multi-value answer (several numbers, one token per digit) must be able to fit.
     n_new = width if max_new_tokens is None else max(max_new_tokens, width + 4)
+    n_new = generation_room(backend, items, n_new)
     if getattr(backend, "shares_prefix", False):
         s, generated = _from_prefix(backend, items, n_new if needs_greedy else None)
     else:
@@ -164,13 +186,25 @@ def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> lis
     rows = []
     for i, it in enumerate(items):
         row = {**it.cell, "argmax": bool(s["argmax"][i]), "exact": bool(exact[i]),
-               "partial": partial[i],
+               "partial": partial[i], **({"new_tokens": n_new} if generated is not None else {}),
                "logprob": float(s["logprob"][i]), "margin": float(s["margin"][i]),
                "rank": int(s["rank"][i]), "any_value": bool(s["any_value"][i]), **it.meta}
         if generated is not None and decode is not None:
             row["generated"] = decode(generated[i])
         rows.append(row)
     return rows
+
+
+def generation_room(backend, items: list[ProbeItem], n_new: int) -> int:
+    """Greedy tokens to generate for a batch: ``n_new``, cut where the longest prompt would run
+    past the last position the model can index (a learned table: generating beyond it would
+    index past the table). Every item's prompt and gold answer fit by construction (a cell
+    longer than the model's positions is N/A), so at least the answer's tokens always remain."""
+    limit = backend.max_length() if hasattr(backend, "max_length") else None
+    if limit is None:
+        return n_new
+    room = limit - max(len(it.prompt) for it in items)
+    return max(min(n_new, room), max(len(it.answer) for it in items))
 
 
 def _best_other(backend, items: list[ProbeItem], first: torch.Tensor) -> torch.Tensor:

@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import bisect
 import random
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from blocklab.config import ProbeSpec
 from blocklab.data.synthetic import example_rng
 from blocklab.eval.items import Cell, NotApplicable, ProbeItem, fits
+from blocklab.eval.texts import PerplexityText, haystack_sentences, perplexity_text
 
 # Plain, number-free filler sentences (the "essay" haystack): varied, unremarkable, and unable to
 # be confused with a needle.
@@ -89,6 +88,9 @@ KEYS = ("Alice", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", 
 MULTI_KEYS = tuple(k for k in KEYS if not any(o != k and o.startswith(k) for o in KEYS))
 VALUES = range(10000, 100000)  # needle and chain-root values: random 5-digit numbers
 
+#: How much of a haystack source is read (about 4 of Shakespeare's plays: ~150k tokens)
+HAYSTACK_CHARS = 600_000
+
 # Aggregation candidates: distinct lower-case nouns, none inside another; the builder drops any
 # that occur (even inside a word) in its haystack, so a candidate is only ever counted where it
 # was placed.
@@ -144,30 +146,6 @@ class TextTokenizer:
                    name or getattr(tok, "name_or_path", "hf"))
 
 
-def haystack_sentences(source: str) -> list[str]:
-    """Sentences of the haystack source: ``essay`` (built in), ``shakespeare`` (the installed
-    corpus) or a path to a text file."""
-    if source == "essay":
-        text = ESSAY
-    elif source == "shakespeare":
-        from blocklab.data.sources import CORPORA
-
-        text = "\n".join(Path(f).read_text(encoding="utf-8", errors="replace")
-                         for f in CORPORA["shakespeare"]()[:3])
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"probes.text.haystack={source!r}: not 'essay', 'shakespeare' or "
-                             "a readable text file")
-        text = path.read_text(encoding="utf-8", errors="replace")
-    text = re.sub(r"\s+", " ", text)
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 1]
-    sentences = [s for s in sentences if not re.search(r"\d", s)]  # never a stray number
-    if len(sentences) < 4:
-        raise ValueError(f"probes.text.haystack={source!r}: fewer than 4 usable sentences")
-    return sentences
-
-
 class TextBuilder:
     """The shared pieces every probe kind renders its text-space cells with, for
     ``tokenizer``: the haystack (``sentences``, :meth:`hay`), the prompt's head and tail,
@@ -177,10 +155,16 @@ class TextBuilder:
     space = "text"
 
     def __init__(self, tokenizer: TextTokenizer, spec: ProbeSpec,
-                 chat: Callable[[str, str], str] | None = None) -> None:
+                 chat: Callable[[str, str], str] | None = None, *,
+                 validation: Callable[[], tuple[str, list[list[int]]]] | None = None,
+                 trained_on: str | None = None) -> None:
         self.tok, self.t = tokenizer, spec.text
-        self.sentences = haystack_sentences(self.t.haystack)
+        self.sentences = haystack_sentences(self.t.haystack, ESSAY, avoid=KEYS,
+                                            max_chars=HAYSTACK_CHARS)
         self.chat = chat  # (user message, assistant prefix) -> prompt text, when enabled
+        # the run's own validation text (description, documents), for the perplexity probe
+        self.validation, self.trained_on = validation, trained_on
+        self._suffix: list[int] | None = None  # -(tokens from each sentence to the end)
         self.hay_text = " ".join(self.sentences)
         low = self.hay_text.lower()
         # aggregation candidates that never occur in the haystack, not even inside a word
@@ -237,17 +221,30 @@ class TextBuilder:
                                                  **meta})
 
     def hay(self, rng: random.Random, budget: int) -> list[str]:
-        """Consecutive sentences from a random start (wrapping), up to ``budget`` tokens."""
-        out, used, start = [], 0, rng.randrange(len(self.sentences))
-        i = 0
-        while True:
-            s = self.sentences[(start + i) % len(self.sentences)]
+        """Consecutive sentences from a random start, up to ``budget`` tokens — never wrapping
+        round to the start (a needle in repeated filler): the start is drawn among the
+        sentences with at least ``budget`` tokens after them; :class:`NotApplicable` when the
+        whole haystack is shorter."""
+        if self._suffix is None:  # minus the tokens from each sentence to the end (ascending)
+            total, neg = 0, []
+            for sentence in reversed(self.sentences):
+                total += self.sent_ntok(sentence)
+                neg.append(-total)
+            self._suffix = neg[::-1]
+        starts = bisect.bisect_right(self._suffix, -budget)  # sentences leaving >= budget
+        if starts == 0:
+            raise NotApplicable(f"the {self.t.haystack} haystack holds {-self._suffix[0]:,} "
+                                f"tokens, fewer than the {budget:,} this length needs (it is "
+                                "never repeated): probes.text.haystack=shakespeare or a "
+                                "longer text file")
+        out, used, start = [], 0, rng.randrange(starts)
+        for s in self.sentences[start:]:
             n = self.sent_ntok(s)
             if used + n > budget:
-                return out
+                break
             out.append(s)
             used += n
-            i += 1
+        return out
 
     # ------------------------------------------------- statements scattered through a haystack
     def sent_ntok(self, sentence: str) -> int:
@@ -368,14 +365,17 @@ class TextBuilder:
         return cell
 
     # --------------------------------------------------------------------------- perplexity
-    def stream(self, spec: ProbeSpec, n_tokens: int) -> tuple[list[int], int | None]:
-        """Haystack text, tokenized once, as the perplexity stream."""
-        pieces: list[str] = []
-        ids: list[int] = []
-        while len(ids) < n_tokens and len(pieces) < 100_000:
-            pieces += [self.sentences[(len(pieces) + k) % len(self.sentences)] for k in range(200)]
-            ids = self.tok.encode(" ".join(pieces))[0]
-        return ids[:n_tokens], (self.tok.bos if self.t.add_bos else None)
+    def perplexity_text(self, spec: ProbeSpec, need: int) -> PerplexityText:
+        """The perplexity text ``probes.perplexity.text`` in this tokenizer's tokens, about
+        ``need`` of them (eval/texts.py: never cycled; a repeating text is refused)."""
+        return perplexity_text(spec.perplexity.text, lambda t: self.tok.encode(t)[0], need,
+                               essay=ESSAY, validation=self.validation,
+                               trained_on=self.trained_on)
+
+    @property
+    def bos(self) -> int | None:
+        """The BOS each perplexity window starts with (as the probes' prompts)."""
+        return self.tok.bos if self.t.add_bos else None
 
 
 @dataclass

@@ -10,7 +10,8 @@ A logger component is ``fn(cfg: LoggerConfig, run_dir) -> list of Lightning logg
 hyperparameters (flattened dotted keys, so runs group and filter by ``model.position.name``);
 TensorBoard also gets it as text. A run's name is ``logger.run_name`` (a sweep job: its varied
 keys, set by the command line) or the run directory's name, its group ``logger.group`` (a
-sweep job: the sweep).
+sweep job: the sweep), its tags ``logger.tags`` (wandb's run tags; a sweep job adds one per
+varied key).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def wandb(cfg: LoggerConfig, run_dir: Path) -> list:
             self.experiment.log_artifact(art, aliases=[path.name, "latest"])
 
     return [BlocklabWandb(project=cfg.project, save_dir=str(run_dir), mode=cfg.mode,
-                          name=cfg.run_name or run_dir.name, group=cfg.group)]
+                          name=cfg.run_name or run_dir.name, group=cfg.group,
+                          tags=list(cfg.tags) or None)]
 
 
 def many(cfg: LoggerConfig, run_dir: Path) -> list:
@@ -213,6 +215,9 @@ def name_sweep_job(logger: Any, sweep_dir: str | Path, job_overrides: list[str],
     from omegaconf import open_dict
 
     name, group = sweep_job_names(Path(sweep_dir), job_overrides, job)
+    varied = [] if name.startswith("job ") else name.split(",")
     with open_dict(logger):
         logger.run_name = logger.run_name or name
         logger.group = logger.group or group
+        logger.tags = list(dict.fromkeys([*(logger.get("tags") or []),
+                                          *(t[:64] for t in varied)]))

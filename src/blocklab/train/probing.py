@@ -20,7 +20,25 @@ def probe_callbacks(tc: TrainConfig, meta: dict[str, Any], run_dir: Path, *,
     from blocklab.eval.callback import ProbeCallback
 
     return [ProbeCallback(tc.checkpoint_probes, tc, meta, run_dir,
-                          all_ranks=all_ranks)]
+                          all_ranks=all_ranks, validation=run_validation_text(tc))]
+
+
+def run_validation_text(tc: TrainConfig):
+    """The run's own validation text for the probes' perplexity (read when first asked: the
+    prepared corpus is the run's, cached), or None for synthetic data."""
+    from blocklab.config import DataName
+
+    if tc.data.name is not DataName.text:
+        return None
+
+    def read():
+        from blocklab.data.streams import build_streams
+        from blocklab.eval.evaluate import validation_text
+
+        streams = build_streams(tc.data, tc.tokenizer)
+        return validation_text(streams, streams.specials)()
+
+    return read
 
 
 def final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step: int, *,
@@ -39,7 +57,8 @@ def final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step
     name = f"step-{step:06d}"
     try:
         result = probe_model(lit.model, tc, meta, tc.probes, step=step, checkpoint=name,
-                             out_dir=probe_dir(run_dir, name, tc.probes) if write else None)
+                             out_dir=probe_dir(run_dir, name, tc.probes) if write else None,
+                             validation=run_validation_text(tc))
     except Exception as e:  # the trained model and its checkpoint are already safe
         if write:
             print(f"warning: final probes failed ({type(e).__name__}: {e}); rerun them with "
@@ -48,7 +67,10 @@ def final_probes(tc: TrainConfig, meta: dict[str, Any], lit, run_dir: Path, step
     finally:
         torch.set_num_threads(threads)
     if write and loggers and result is not None:
-        from blocklab.eval.callback import log_probe_result
+        from blocklab.eval.callback import headline, log_probe_result
 
+        scalars = {f"final_{k}": v for k, v in headline(result.summary).items()}
+        for logger in loggers:  # the headline numbers, so a sweep sorts by them
+            logger.log_metrics(scalars, step=step)
         log_probe_result(loggers, result, step)
     return result

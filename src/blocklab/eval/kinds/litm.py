@@ -7,16 +7,16 @@ from __future__ import annotations
 import os
 import random
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from blocklab.config import LitmProbeConfig, ProbeSpec
 from blocklab.data import synthetic as syn
 from blocklab.eval.aggregate import position_curve_summary
-from blocklab.eval.items import Cell, ProbeItem, answer_item, fits
+from blocklab.eval.items import Cell, NotApplicable, ProbeItem, answer_item, fits, lengths_of
 from blocklab.eval.kinds.base import ProbeKind, fmt
-from blocklab.eval.plots import first_values, ok_mean, select, variant_of
+from blocklab.eval.plots import add_note, cells_note, first_values, ok_mean, select, variant_of
 from blocklab.eval.textspace import TextBuilder
 from blocklab.plotting import colours, finite_int, new_figure, no_data, save_png
 
@@ -24,15 +24,45 @@ NAME = "litm"
 Row = Mapping[str, Any]
 
 
-def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None) -> list[Cell]:
+def record_counts(spec: ProbeSpec, unit: int, most: Callable[[int], int]
+                  ) -> list[tuple[int, int | None]]:
+    """(record count, the length it was sized for) of each curve: ``probes.litm.n_records``
+    (no length), or with ``probes.litm.lengths`` the most records whose prompts fit each length
+    (``most(length)``; 0 when not even one record and the question fit: an N/A cell), each
+    count once."""
+    p = spec.litm
+    if not p.lengths:
+        return [(m, None) for m in p.n_records]
+    out: list[tuple[int, int | None]] = []
+    for length in lengths_of(p.lengths, unit):
+        m = most(length)
+        if m == 0 or m not in [k for k, _ in out]:
+            out.append((m, length))
+    return out
+
+
+def _none_fit(length: int) -> Cell:
+    return Cell({"probe": NAME, "variant": "kv_records", "length": length, "n_records": 0,
+                 "gold_position": None}, [],
+                NotApplicable(f"length {length} holds no record beside the question").status)
+
+
+def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None,
+               unit: int = 0) -> list[Cell]:
     """Lost in the middle over key–value records: gold position swept over m records, the
     query-aware layout, closed-book (the records removed: only ``BOS SEP k``) and oracle (only
-    the gold record) baselines (token space)."""
+    the gold record) baselines (token space). With ``probes.litm.lengths`` m is the most
+    records whose query-aware prompt (3m + 6 tokens) fits each length."""
     p = spec.litm
     chance = 1 / vocab.n_values
+    cap = min(vocab.n_keys, vocab.n_values)
     cells = []
-    for m in p.n_records:
-        if m > min(vocab.n_keys, vocab.n_values):
+    for m, target in record_counts(spec, unit,
+                                   lambda length: max(0, min((length - 6) // 3, cap))):
+        if m == 0:
+            cells.append(_none_fit(target))
+            continue
+        if m > cap:
             raise ValueError(f"probes.litm.n_records={m}: more records than the vocabulary has "
                              f"keys/values ({vocab.n_keys}/{vocab.n_values})")
         golds = sorted({round(g * (m - 1)) for g in p.gold})
@@ -51,15 +81,15 @@ def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None) -> lis
                         cell.items.append(answer_item(key, ex, distance=3 * (m - j)))
                 cells.append(cell)
     if p.baselines:
-        m = max(p.n_records)
+        m = max([c.key["n_records"] for c in cells] + list(p.n_records) + [1])
         for variant in ("closed_book", "oracle"):
             length = 4 if variant == "closed_book" else 7
             key = {"probe": NAME, "variant": variant, "length": length,
                    "n_records": 0 if variant == "closed_book" else 1, "gold_position": None}
-            cell = Cell(key, [], None, copy_any_value=None if variant == "closed_book" else 1.0,
-                        chance=chance)
+            cell = Cell(key, [], fits(length, max_length),
+                        copy_any_value=None if variant == "closed_book" else 1.0, chance=chance)
             salt = f"probe:litm:{variant}"
-            for i in range(p.n):
+            for i in range(p.n if cell.na is None else 0):
                 rng = syn.example_rng(spec.seed, i, salt)
                 if variant == "closed_book":  # the same draw as a full example, records removed
                     ex = syn.kv_records(rng, vocab, 3 * m + 4, seed=spec.seed)
@@ -76,12 +106,37 @@ def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None) -> lis
 # ------------------------------------------------------------------------------ text space
 
 
-def text_litm_cells(b: TextBuilder, spec: ProbeSpec, max_length: int | None) -> list[Cell]:
+def _most_records(b: TextBuilder, spec: ProbeSpec, length: int) -> int:
+    """The most records whose query-aware prompts (the longer layout) fit ``length`` tokens,
+    judged on the first few items of a probe draw (a cell's length is then its longest item's,
+    which may pass ``length`` by a token or two: it is stated, and flagged when beyond the
+    training length)."""
+    def longest(m: int) -> int:
+        return max(_records(b, syn.example_rng(spec.seed, i, f"probe:text-litm:fit:{m}"),
+                            {}, m, 0, True).meta["n_tokens"] for i in range(4))
+
+    lo, hi = 0, 1
+    while longest(hi) <= length:
+        lo, hi = hi, hi * 2
+        if hi > 4096:
+            return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if longest(mid) <= length else (lo, mid)
+    return lo
+
+
+def text_litm_cells(b: TextBuilder, spec: ProbeSpec, max_length: int | None,
+                    unit: int = 0) -> list[Cell]:
     """Lost in the middle in text: JSON-like key–value records (``probes.text.record``), the
-    gold record's position swept; a cell's length is its longest item's."""
+    gold record's position swept; a cell's length is its longest item's. With
+    ``probes.litm.lengths`` m is the most records that fit each length."""
     p = spec.litm
     cells = []
-    for m in p.n_records:
+    for m, target in record_counts(spec, unit, lambda length: _most_records(b, spec, length)):
+        if m == 0:
+            cells.append(_none_fit(target))
+            continue
         golds = sorted({round(g * (m - 1)) for g in p.gold})
         for variant in ("kv_records", "query_aware") if p.query_aware else ("kv_records",):
             for j in golds:
@@ -103,12 +158,16 @@ def text_litm_cells(b: TextBuilder, spec: ProbeSpec, max_length: int | None) -> 
             key = {"probe": NAME, "variant": variant, "n_records": m, "gold_position": None}
             items = [_records(b, syn.example_rng(spec.seed, i, f"probe:text-litm:{variant}"),
                               key, m, 0, False) for i in range(p.n)]
-            cell = Cell({**key, "length": max(it.meta["n_tokens"] for it in items)}, items,
-                        None, copy_any_value=1.0 if m else None, chance=16.0 ** -8)
-            for it in items:
-                it.cell = cell.key
+            length = max(it.meta["n_tokens"] for it in items)
+            cell = Cell({**key, "length": length}, [], fits(length, max_length),
+                        copy_any_value=1.0 if m else None, chance=16.0 ** -8)
+            if cell.na is None:
+                cell.items = items
+                for it in items:
+                    it.cell = cell.key
             cells.append(cell)
     return cells
+
 
 def _records(b: TextBuilder, rng: random.Random, key: dict[str, Any], m: int, j: int,
              query_aware: bool) -> ProbeItem:
@@ -212,12 +271,26 @@ def _litm_reference_lines(ax: Any, rows: Sequence[Row], curve_rows: Sequence[Row
     return plotted
 
 
-def plot_litm(cells: Iterable[Row], path: str | os.PathLike[str], *, title: str = "") -> Path:
+def _curve_label(rows: Sequence[Row], variant: str, m: int, train_length: int | None) -> str:
+    """``kv_records, m=8 (≤ 180 tokens)``, saying when the prompts are longer than the model's
+    training length."""
+    lengths = [n for r in rows if variant_of(r) == variant
+               and finite_int(r.get("n_records")) == m and (n := finite_int(r.get("length")))]
+    if not lengths:
+        return f"{variant}, m={m}"
+    longest = max(lengths)
+    beyond = f", beyond train L {train_length:,}" if train_length and longest > train_length else ""
+    return f"{variant}, m={m} (≤ {longest:,} tokens{beyond})"
+
+
+def plot_litm(cells: Iterable[Row], path: str | os.PathLike[str], *, title: str = "",
+              train_length: int | None = None) -> Path:
     """:func:`litm_figure`, saved as a PNG at ``path`` (returns the path)."""
-    return save_png(litm_figure(cells, title=title), path)
+    return save_png(litm_figure(cells, title=title, train_length=train_length), path)
 
 
-def litm_figure(cells: Iterable[Row], *, title: str = "") -> Any:
+def litm_figure(cells: Iterable[Row], *, title: str = "",
+                train_length: int | None = None) -> Any:
     """Lost-in-the-middle accuracy against relative gold position, one colour per m.
 
     kv_records solid, query_aware dashed, Wilson 95% error bars; oracle / closed_book means,
@@ -240,7 +313,7 @@ def litm_figure(cells: Iterable[Row], *, title: str = "") -> Any:
             plotted = True
             ax.errorbar([x + dx for x in xs], ys, yerr=[lo_err, hi_err], color=colour[m],
                         linestyle=ls, marker=marker, markersize=5, linewidth=1.8, capsize=3,
-                        elinewidth=1, label=f"{variant}, m={m}")
+                        elinewidth=1, label=_curve_label(curve_rows, variant, m, train_length))
     plotted = _litm_reference_lines(ax, rows, curve_rows, colour) or plotted
 
     if not plotted:
@@ -253,7 +326,9 @@ def litm_figure(cells: Iterable[Row], *, title: str = "") -> Any:
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-    ax.set_title(title or "Lost in the middle: accuracy by gold-record position", fontsize=12)
+    heading = "Lost in the middle: accuracy by gold-record position"
+    ax.set_title(f"{heading}\n{title}" if title else heading, fontsize=10 if title else 12)
+    add_note(fig, cells_note(rows))
     return fig
 
 
@@ -283,12 +358,12 @@ class Litm(ProbeKind):
     @classmethod
     def token_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
                     max_length: int | None) -> list[Cell]:
-        return litm_cells(spec, builder.vocab, max_length)
+        return litm_cells(spec, builder.vocab, max_length, train_length)
 
     @classmethod
     def text_cells(cls, spec: ProbeSpec, builder: Any, train_length: int,
                    max_length: int | None) -> list[Cell]:
-        return text_litm_cells(builder, spec, max_length)
+        return text_litm_cells(builder, spec, max_length, train_length)
 
     @classmethod
     def summary(cls, rows: list[dict[str, Any]], examples: list[dict[str, Any]], *,
@@ -302,7 +377,7 @@ class Litm(ProbeKind):
     @classmethod
     def figures(cls, cells: list[dict[str, Any]], *, train_length: int | None,
                 title: str) -> dict[str, Any]:
-        return {"litm": litm_figure(cells, title=title)}
+        return {"litm": litm_figure(cells, title=title, train_length=train_length)}
 
     @classmethod
     def headline(cls, summary: dict[str, Any]) -> dict[str, float]:

@@ -92,6 +92,7 @@ def _text_needle(b: TextBuilder, rng: random.Random, key: dict[str, Any], length
         raise NotApplicable(f"length {length} too short for the needles and the question "
                             f"(needs > {fixed + 4} tokens)")
     hay = b.hay(rng, budget)
+    core = fixed
     for _ in range(50):
         if len(hay) < 2:  # no haystack to hide a needle in: not a probe at this length
             break
@@ -100,9 +101,11 @@ def _text_needle(b: TextBuilder, rng: random.Random, key: dict[str, Any], length
                       {"n_distractors": nd})
         if item.meta["n_tokens"] <= length:
             return item
+        core = item.meta["n_tokens"] - sum(b.sent_ntok(s) for s in hay)
         hay = hay[:-1]  # one sentence too many: drop one and rebuild (never the needle)
-    raise NotApplicable(f"length {length} leaves no haystack around the needles and the "
-                        "question")
+    raise NotApplicable(f"length {length} leaves no haystack (two sentences at least) around "
+                        f"the {nd + 1} needles, the question and the answer (about {core} "
+                        "tokens)")
 
 
 def _insert(b: TextBuilder, rng: random.Random, hay: list[str], needles: list[str],
@@ -181,7 +184,8 @@ def niah_figure(cells: list[dict[str, Any]], *, train_length: int | None,
 
     return panels_figure(cells, probe=NAME, row_key="depth", row_label="needle depth",
                          train_length=train_length,
-                         title=title or "Needle in a haystack: accuracy by depth and length")
+                         title="Needle in a haystack: accuracy by depth and length"
+                         + (f"\n{title}" if title else ""))
 
 
 def plot_niah(cells: list[dict[str, Any]], path: Any, *, train_length: int | None,
