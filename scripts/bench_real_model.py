@@ -104,6 +104,7 @@ def rope(imported: Path, work: Path, length: int, n: int) -> list[dict]:
                          litm=LitmProbeConfig(enabled=False),
                          perplexity=PerplexityProbeConfig(enabled=False))
         spec.text.max_new_tokens = 8
+        spec.text.haystack = "shakespeare"  # never cycled: the essay holds ~580 tokens
         t0 = time.perf_counter()
         r = probe_model(scaled, tc, meta, spec, step=0, checkpoint=str(imported),
                         out_dir=work / f"rope-{scaling}", plots=False)

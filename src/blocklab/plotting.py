@@ -87,3 +87,24 @@ def plain_log_axis(axis: Any) -> None:
 
     axis.set_major_formatter(Plain(labelOnlyBase=False))
     axis.set_minor_formatter(Plain(labelOnlyBase=False))
+
+
+def fit_text(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` with each line wrapped to about ``width_in`` inches at ``fontsize`` points (a
+    long run title never runs off the figure)."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72 / (0.55 * fontsize)))
+    return "\n".join(w for line in text.splitlines() for w in (textwrap.wrap(line, chars)
+                                                               or [""]))
+
+
+def add_note(fig: Any, note: str) -> None:
+    """``note`` under the axes, small, left-aligned: the figure's bottom label, which the
+    constrained layout makes room for (the figure grows to hold it)."""
+    if not note:
+        return
+    w, h = fig.get_size_inches()
+    note = fit_text(note, w - 0.2, 7)
+    fig.set_size_inches(w, h + 0.15 * (note.count("\n") + 1))
+    fig.supxlabel(note, x=0.01, ha="left", fontsize=7, color="#444444")

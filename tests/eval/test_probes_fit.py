@@ -284,7 +284,7 @@ def test_cells_beyond_the_training_length_are_flagged_and_na_cells_explained(tmp
     assert short["status"].startswith("n/a: length 3 <")
     assert short["status"].removeprefix("n/a: ") in report
     note = cells_note(r.cells)
-    assert "n = 4 items per cell" in note and "N/A: length 3 <" in note
+    assert "n = 4 items per cell" in note and "N/A at 3: length 3 <" in note
 
 
 def test_an_imported_model_is_probed_at_its_own_context():

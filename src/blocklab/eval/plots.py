@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.plotting import (
+    add_note,
     colours,
     finite_float,
     finite_int,
+    fit_text,
     new_figure,
     no_data,
     plain_log_axis,
@@ -97,24 +99,17 @@ def cells_note(rows: Iterable[Cell], *, beyond: int | None = None) -> str:
     if ns:
         parts.append(f"n = {ns[0]} items per cell" if len(ns) == 1 else
                      f"n = {ns[0]}-{ns[-1]} items per cell")
-    reasons = list(dict.fromkeys(str(r.get("status")).removeprefix("n/a: ") for r in rows
-                                 if str(r.get("status") or "").startswith("n/a")))
+    reasons: dict[str, str] = {}  # one per length: its cells differ only in drawn sizes
+    for r in rows:
+        if str(r.get("status") or "").startswith("n/a"):
+            at = f"N/A at {r.get('length')}" if r.get("length") else "N/A"
+            reasons.setdefault(at, str(r.get("status")).removeprefix("n/a: "))
     lines = ["; ".join(parts)] if parts else []
-    for reason in reasons[:4]:
-        lines.append("N/A: " + (reason if len(reason) <= 110 else reason[:107] + "..."))
+    for at, reason in list(reasons.items())[:4]:
+        lines.append(f"{at}: " + (reason if len(reason) <= 110 else reason[:107] + "..."))
     if len(reasons) > 4:
-        lines.append(f"N/A: {len(reasons) - 4} more reasons in cells.csv")
+        lines.append(f"N/A: {len(reasons) - 4} more lengths, their reasons in cells.csv")
     return "\n".join(lines)
-
-
-def add_note(fig: Any, note: str) -> None:
-    """``note`` under the axes, small, left-aligned: the figure's bottom label, which the
-    constrained layout makes room for (the figure grows to hold it)."""
-    if not note:
-        return
-    w, h = fig.get_size_inches()
-    fig.set_size_inches(w, h + 0.15 * (note.count("\n") + 1))
-    fig.supxlabel(note, x=0.01, ha="left", fontsize=7, color="#444444")
 
 
 # --------------------------------------------------------------------------- needle
@@ -268,7 +263,7 @@ def panels_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label:
         ax.set_title(subtitle, fontsize=10)
 
     fig.colorbar(image, ax=list(axes), label="accuracy", shrink=0.9, pad=0.02)
-    fig.suptitle(title, fontsize=12)
+    fig.suptitle(fit_text(title, fig.get_size_inches()[0], 12), fontsize=12)
     add_note(fig, cells_note(rows))
     return fig
 
@@ -314,7 +309,8 @@ def grid_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label: s
     ax.set_ylabel(row_label)
     _mark_train_length(ax, lengths, train_length, n_rows)
     fig.colorbar(image, ax=ax, label="accuracy", shrink=0.9, pad=0.02)
-    ax.set_title(f"{heading}\n{title}" if title else heading, fontsize=10)
+    ax.set_title(fit_text(f"{heading}\n{title}" if title else heading,
+                          fig.get_size_inches()[0] * 0.75, 10), fontsize=10)
     add_note(fig, cells_note(rows))
     return fig
 

@@ -111,23 +111,23 @@ def _perplexity_lines(rows: list[dict[str, Any]], text: dict[str, Any] | None,
 
 
 def _na_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Each distinct reason a cell is N/A, with the cells it applies to (kind, variant,
-    lengths): the table's "N/A" never stands without its reason."""
-    reasons: dict[tuple[str, str], dict[str, list[Any]]] = {}
+    """Why each N/A length is N/A: one line per (kind, variant, length) with the first cell's
+    reason (cells of one length differ only in their drawn items' sizes), so the table's "N/A"
+    never stands without its reason."""
+    first: dict[tuple[str, str, Any], tuple[str, int]] = {}
     for r in rows:
         status = str(r.get("status") or "")
         if not status.startswith("n/a") or r.get("probe") == "perplexity":
             continue
-        where = reasons.setdefault((str(r.get("probe")), status), {})
-        lengths = where.setdefault(str(r.get("variant", "")), [])
-        if r.get("length") not in lengths:
-            lengths.append(r.get("length"))
-    if not reasons:
+        key = (str(r.get("probe")), str(r.get("variant", "")), r.get("length"))
+        reason, count = first.get(key, (status.removeprefix("n/a: "), 0))
+        first[key] = (reason, count + 1)
+    if not first:
         return []
     lines = ["not applicable (N/A above):"]
-    for (probe, status), where in reasons.items():
-        cells = "; ".join(f"{v} at {', '.join(str(x) for x in ls)}" for v, ls in where.items())
-        lines.append(f"  {probe}: {status.removeprefix('n/a: ')} ({cells})")
+    for (probe, variant, length), (reason, count) in first.items():
+        cells = f"{count} cells" if count > 1 else "1 cell"
+        lines.append(f"  {probe}, {variant} at {length}: {reason} ({cells})")
     return lines
 
 
