@@ -7,6 +7,7 @@ a user config directory adds presets and experiments with Hydra's ``--config-dir
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 
@@ -112,7 +113,34 @@ def export_cli() -> None:
 
 
 def generate_cli() -> None:
+    sys.argv = [sys.argv[0], *verbatim(sys.argv[1:], VERBATIM["generate"])]
     _console(generate, "generate")
+
+
+#: Keys whose command-line value is text, taken as typed (after the shell's quoting): Hydra's
+#: override grammar would read ``prompt=def main(`` as a broken function call, a comma as a
+#: sweep, ``=``, quotes, brackets and ``${...}`` as syntax.
+VERBATIM = {"generate": ("prompt",)}
+
+
+def verbatim(argv: list[str], keys: tuple[str, ...]) -> list[str]:
+    """``argv`` with each ``key=<text>`` (``++key=`` too) of ``keys`` rewritten as the Hydra
+    override that sets ``key`` to exactly ``<text>``: a single-quoted Hydra string in which
+    OmegaConf sees no interpolation. Every other argument is left to Hydra as it is."""
+    out = []
+    for arg in argv:
+        m = re.fullmatch(r"(\+\+)?([\w.]+)=(.*)", arg, re.DOTALL)
+        if m is None or m.group(2) not in keys:
+            out.append(arg)
+            continue
+        # OmegaConf: "${" escaped, a run of backslashes before it doubled
+        text = re.sub(r"(\\*)\$\{", lambda g: g.group(1) * 2 + "\\${", m.group(3))
+        # Hydra's quoted string: quotes escaped, a run of backslashes before a quote or the
+        # closing quote doubled
+        text = re.sub(r"(\\*)('|\Z)", lambda g: g.group(1) * 2 + ("\\'" if g.group(2) else ""),
+                      text)
+        out.append(f"{m.group(1) or ''}{m.group(2)}='{text}'")
+    return out
 
 
 def _run(fn, cfg: DictConfig):
