@@ -4,6 +4,7 @@ them as Lightning writes them."""
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from pathlib import PurePath
 
@@ -28,7 +29,10 @@ def test_lightning_warnings_are_one_line_and_others_untouched(capsys):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with lightning_quiet():
-            warnings.warn_explicit("The dirpath has changed from 'a' to 'b',\nsecond line",
+            warnings.warn_explicit("It is recommended to use `self.log(sync_dist=True)`,\n"
+                                   "second line", UserWarning,
+                                   f"{SITE}/lightning/pytorch/trainer/connectors/x.py", 434)
+            warnings.warn_explicit("The dirpath has changed from 'a' to 'b', therefore ...",
                                    UserWarning, f"{SITE}/lightning/pytorch/callbacks/x.py", 566)
             warnings.warn_explicit("The 'train_dataloader' does not have many workers which "
                                    "may be a bottleneck.", UserWarning,
@@ -36,8 +40,8 @@ def test_lightning_warnings_are_one_line_and_others_untouched(capsys):
             warnings.warn_explicit("not Lightning's", UserWarning, f"{SITE}/torch/nn/z.py", 1)
         with lightning_quiet(False):
             warnings.warn_explicit("shown as it is", UserWarning, f"{SITE}/lightning/a.py", 1)
-    assert capsys.readouterr().err == "warning: lightning: The dirpath has changed from 'a' " \
-                                      "to 'b',\n"
+    assert capsys.readouterr().err == ("warning: lightning: It is recommended to use "
+                                       "`self.log(sync_dist=True)`,\n")
     assert [str(w.message) for w in caught] == ["not Lightning's", "shown as it is"]
     assert from_lightning(f"{SITE}/lightning_fabric/a.py") and not from_lightning("/a/b.py")
 
@@ -61,3 +65,17 @@ def test_a_run_on_a_machine_with_many_cores_shows_no_raw_lightning_warning(tmp_p
                     "trainer.quiet=false", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [w for w in caught if "does not have many workers" in str(w.message)]
+
+    # a run directory copied elsewhere and resumed: Lightning's "The dirpath has changed"
+    for quiet, copy in (("true", "c"), ("false", "d")):
+        shutil.copytree(tmp_path / "a", tmp_path / copy)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            r = run_cli(capfd, "blocklab-train", f"resume={tmp_path / copy}",
+                        "trainer.max_steps=3", f"trainer.quiet={quiet}", cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        said = [str(w.message) for w in caught if _lightning(w.filename)]
+        if quiet == "true":
+            assert not said and "lightning" not in r.stderr, said
+        else:  # the control: it was raised
+            assert [m for m in said if m.startswith("The dirpath has changed")], said
