@@ -154,13 +154,22 @@ def _run(fn, cfg: DictConfig):
     from blocklab.config import check_keys
     from blocklab.errors import DataError, StorageError
     from blocklab.sweep import in_multirun, run_job
-    from blocklab.train.run import Preempted
 
     def checked(c: DictConfig):
         check_keys(c)
         return fn(c)
 
+    def users(e: BaseException) -> bool:
+        """An error users cause. ``Preempted`` is training's (train/run.py, which imports
+        Lightning: seconds that import, export, generate and eval do not spend): only a
+        command that imported it can raise it."""
+        run = sys.modules.get("blocklab.train.run")
+        return isinstance(e, (ConfigError, CheckpointError, StorageError, DataError)) or (
+            run is not None and isinstance(e, run.Preempted))
+
     if in_multirun():  # a failing job records its error; the sweep goes on
+        from blocklab.train.run import Preempted
+
         return run_job(checked, cfg, (OmegaConfBaseException, ConfigError, CheckpointError,
                                       StorageError, DataError, FloatingPointError, Preempted))
     try:
@@ -169,7 +178,9 @@ def _run(fn, cfg: DictConfig):
         key = getattr(e, "full_key", None) or "?"
         print(f"config error: {key}: {str(e).splitlines()[0]}", file=sys.stderr)
         sys.exit(ConfigError.exit_code)
-    except (ConfigError, CheckpointError, StorageError, DataError, Preempted) as e:
+    except Exception as e:
+        if not users(e):
+            raise
         print(str(e.args[-1] if isinstance(e, OSError) else e), file=sys.stderr)
         sys.exit(e.exit_code)
     except FloatingPointError as e:
