@@ -7,6 +7,7 @@ a user config directory adds presets and experiments with Hydra's ``--config-dir
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 
@@ -112,7 +113,34 @@ def export_cli() -> None:
 
 
 def generate_cli() -> None:
+    sys.argv = [sys.argv[0], *verbatim(sys.argv[1:], VERBATIM["generate"])]
     _console(generate, "generate")
+
+
+#: Keys whose command-line value is text, taken as typed (after the shell's quoting): Hydra's
+#: override grammar would read ``prompt=def main(`` as a broken function call, a comma as a
+#: sweep, ``=``, quotes, brackets and ``${...}`` as syntax.
+VERBATIM = {"generate": ("prompt",)}
+
+
+def verbatim(argv: list[str], keys: tuple[str, ...]) -> list[str]:
+    """``argv`` with each ``key=<text>`` (``++key=`` too) of ``keys`` rewritten as the Hydra
+    override that sets ``key`` to exactly ``<text>``: a single-quoted Hydra string in which
+    OmegaConf sees no interpolation. Every other argument is left to Hydra as it is."""
+    out = []
+    for arg in argv:
+        m = re.fullmatch(r"(\+\+)?([\w.]+)=(.*)", arg, re.DOTALL)
+        if m is None or m.group(2) not in keys:
+            out.append(arg)
+            continue
+        # OmegaConf: "${" escaped, a run of backslashes before it doubled
+        text = re.sub(r"(\\*)\$\{", lambda g: g.group(1) * 2 + "\\${", m.group(3))
+        # Hydra's quoted string: quotes escaped, a run of backslashes before a quote or the
+        # closing quote doubled
+        text = re.sub(r"(\\*)('|\Z)", lambda g: g.group(1) * 2 + ("\\'" if g.group(2) else ""),
+                      text)
+        out.append(f"{m.group(1) or ''}{m.group(2)}='{text}'")
+    return out
 
 
 def _run(fn, cfg: DictConfig):
@@ -126,13 +154,22 @@ def _run(fn, cfg: DictConfig):
     from blocklab.config import check_keys
     from blocklab.errors import DataError, StorageError
     from blocklab.sweep import in_multirun, run_job
-    from blocklab.train.run import Preempted
 
     def checked(c: DictConfig):
         check_keys(c)
         return fn(c)
 
+    def users(e: BaseException) -> bool:
+        """An error users cause. ``Preempted`` is training's (train/run.py, which imports
+        Lightning: seconds that import, export, generate and eval do not spend): only a
+        command that imported it can raise it."""
+        run = sys.modules.get("blocklab.train.run")
+        return isinstance(e, (ConfigError, CheckpointError, StorageError, DataError)) or (
+            run is not None and isinstance(e, run.Preempted))
+
     if in_multirun():  # a failing job records its error; the sweep goes on
+        from blocklab.train.run import Preempted
+
         return run_job(checked, cfg, (OmegaConfBaseException, ConfigError, CheckpointError,
                                       StorageError, DataError, FloatingPointError, Preempted))
     try:
@@ -141,7 +178,9 @@ def _run(fn, cfg: DictConfig):
         key = getattr(e, "full_key", None) or "?"
         print(f"config error: {key}: {str(e).splitlines()[0]}", file=sys.stderr)
         sys.exit(ConfigError.exit_code)
-    except (ConfigError, CheckpointError, StorageError, DataError, Preempted) as e:
+    except Exception as e:
+        if not users(e):
+            raise
         print(str(e.args[-1] if isinstance(e, OSError) else e), file=sys.stderr)
         sys.exit(e.exit_code)
     except FloatingPointError as e:

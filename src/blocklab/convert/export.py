@@ -33,6 +33,8 @@ def _compare(arch: Arch, m: ModelConfig) -> tuple[bool, list[str]]:
     skip = set(arch.unmapped)
     if _layer_windows(m) == _layer_windows(back):  # one pattern, written either way
         skip |= {"attention.global_every", "attention.layers"}
+    if _layer_mixers(m) == _layer_mixers(back):  # [softmax] is softmax on every layer
+        skip |= {"mixer.name", "mixer.pattern", "mixer.encoder"}
     return True, [f"model.{k}={v!r} ({arch.name} has {got.get(k)!r})" for k, v in want.items()
                   if k not in skip and not _same(v, got.get(k))]
 
@@ -50,6 +52,14 @@ def _layer_windows(m: ModelConfig) -> list[int | None]:
     """Each layer's window (masks.layer_window) over the deepest stack: ``global_every: 2``
     and ``layers: [local, global]`` are the same model."""
     return [layer_window(m.attention, i) for i in range(max(m.n_layers, m.encoder_layers))]
+
+
+def _layer_mixers(m: ModelConfig) -> list[list[str]]:
+    """Each layer's mixer, stack by stack (the family's stacks): ``mixer.pattern: [softmax]``
+    (a sweep's value) and the default ``mixer.name: softmax`` are the same model."""
+    from blocklab.model.estimate import stacks_of
+
+    return [[m.layer_mixer(i, causal) for i in range(n)] for n, _, causal in stacks_of(m)]
 
 
 def _same(a: Any, b: Any) -> bool:

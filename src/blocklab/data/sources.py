@@ -77,7 +77,8 @@ def resolve_files(data: DataConfig, key: str = "data.files") -> list[Path]:
         if any(ch in entry for ch in "*?["):
             found = sorted(Path(f) for f in glob.glob(entry, recursive=True) if Path(f).is_file())
             if not found:
-                raise DataError(f"data error: {key}: {entry}: the pattern matches no file")
+                raise DataError(f"data error: {key}: {entry}: the pattern matches no file"
+                                f"{_from_here(entry)}")
         elif p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.is_file() and
                            f.suffix.lower() in _SUFFIXES.get(data.format, ()))
@@ -87,12 +88,18 @@ def resolve_files(data: DataConfig, key: str = "data.files") -> list[Path]:
         elif p.is_file():
             found = [p]
         else:
-            raise DataError(f"data error: {key}: {entry}: no such file or directory")
+            raise DataError(f"data error: {key}: {entry}: no such file or directory"
+                            f"{_from_here(entry)}")
         out += found
     for f in out:
         if not os.access(f, os.R_OK):
             raise DataError(f"data error: {key}: {f}: not readable (permissions)")
     return list(dict.fromkeys(out))
+
+
+def _from_here(entry: str) -> str:
+    """Where a relative path was looked for (empty for an absolute one)."""
+    return "" if Path(entry).is_absolute() else f" (relative to {Path.cwd()})"
 
 
 @dataclass(frozen=True)

@@ -152,14 +152,9 @@ def continue_ids(s: Sampler, ids: list[int], gc: GenerateConfig, generator: torc
     kw: dict[str, Any] = {"temperature": gc.temperature, "top_k": gc.top_k or None,
                           "top_p": gc.top_p, "generator": generator, "eos_id": eos,
                           "on_token": lambda t: on_token(int(t[0]))}
-    context = ids
+    context = decoder_context(s, ids)
     if s.family == "encoder_decoder":
-        limit = getattr(s.model, "max_source_positions", None)
-        if limit is not None and len(ids) > limit:
-            raise ConfigError(f"config error: prompt: {len(ids)} tokens; the encoder's position "
-                              f"table holds model.max_seq_len={limit}")
         kw["source_ids"] = torch.tensor([ids], device=s.device)
-        context = [s.specials.bos]
 
     def run(prefix: list[int], n: int) -> list[int]:
         return generate(s.model, torch.tensor([prefix], device=s.device), max_new_tokens=n,
@@ -174,6 +169,26 @@ def continue_ids(s: Sampler, ids: list[int], gc: GenerateConfig, generator: torc
     while len(new) < n and not (eos is not None and new[-1] == eos):
         new += run((context + new)[-limit:], 1)  # the KV cache cannot slide: re-prefill
     return new
+
+
+def decoder_context(s: Sampler, ids: list[int]) -> list[int]:
+    """What the decoder continues: the prompt, or an encoder-decoder's start token (its prompt,
+    the source, must fit the encoder's position table)."""
+    if s.family != "encoder_decoder":
+        return ids
+    limit = getattr(s.model, "max_source_positions", None)
+    if limit is not None and len(ids) > limit:
+        raise ConfigError(f"config error: prompt: {len(ids)} tokens; the encoder's position "
+                          f"table holds model.max_seq_len={limit}")
+    return [s.specials.bos]
+
+
+def say_notes(s: Sampler, ids: list[int], gc: GenerateConfig, err: TextIO) -> None:
+    """What a prompt's samples need said, before anything of them is printed (stdout and stderr
+    share a terminal: a note written mid-sample would split its line)."""
+    limit, context = s.model.max_positions, decoder_context(s, ids)
+    if limit is not None and len(context) + gc.max_new_tokens - 1 > limit:
+        _say_sliding(s, limit, len(context), err)
 
 
 def _say_sliding(s: Sampler, limit: int, prompt: int, err: TextIO) -> None:
@@ -231,6 +246,7 @@ def answer(s: Sampler, key: str, text: str, gc: GenerateConfig, generator: torch
     """Every sample of one prompt, streamed; a completion (no chat, not interactive) prints the
     prompt first, as nanoGPT's sampler does. Tokens/s on stderr."""
     ids = encode(s, text, chat=gc.chat, key=key)
+    say_notes(s, ids, gc, err)
     echo = not (gc.chat or gc.interactive)
     t0, total = time.perf_counter(), 0
     for i in range(gc.num_samples):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,7 +115,17 @@ def read_prompts(gc: GenerateConfig, stdin: TextIO, err: TextIO) -> Iterator[tup
     elif gc.prompt_file is not None:
         yield "prompt_file", prompt_file(gc.prompt_file)
     else:
-        yield "prompt", gc.prompt or ""
+        yield "prompt", unescape(gc.prompt or "")
+
+
+#: The escapes ``prompt=`` reads (a shell passes ``\n`` through as two characters); any other
+#: backslash stays as typed. A prompt file is read as it is.
+ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+    """``prompt=``'s text with ``\\n`` a newline, ``\\t`` a tab and ``\\\\`` one backslash."""
+    return re.sub(r"\\([nt\\])", lambda m: ESCAPES[m.group(1)], text)
 
 
 def prompt_file(path: str) -> str:

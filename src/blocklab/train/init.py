@@ -12,6 +12,7 @@ The optimizer starts fresh; the run directory is new; the source is recorded in 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,13 +44,17 @@ class InitSource:
 
 
 def read_source(target: str) -> InitSource:
-    """The pretrained weights, architecture and tokenizer behind ``init_from=target``."""
+    """The pretrained weights, architecture and tokenizer behind ``init_from=target``; reading
+    and mapping a Hugging Face directory or GGUF file (a GGUF is dequantized: tens of seconds)
+    reports each stage on stderr (``init_from: reading ...``)."""
     from blocklab.convert import read_pretrained
+    from blocklab.progress import Progress
 
     p = Path(target)
     if p.suffix == ".gguf" or not p.exists() or (p / "config.json").is_file():
-        pre = (read_pretrained(str(p.parent), gguf=p.name) if p.suffix == ".gguf"
-               else read_pretrained(target))
+        say = Progress("init_from")
+        pre = (read_pretrained(str(p.parent), gguf=p.name, progress=say) if p.suffix == ".gguf"
+               else read_pretrained(target, progress=say))
         return InitSource(model_to_dict(pre.model), pre.state, pre.tokenizer, pre.specials,
                           {**pre.source, "format": pre.source["kind"], "kind": "hf"}, pre.notes)
     loaded = ckpt.read(target)  # verified; its stored config checked as data
@@ -103,7 +108,22 @@ def apply_init_from(cfg: DictConfig, overrides: list[str]) -> InitSource:
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), new)
         if not tok_keys:
             cfg.tokenizer = OmegaConf.merge(cfg.tokenizer, _tokenizer_config(source, cfg))
+    print(loaded_line(source), file=sys.stderr)
     return source
+
+
+def loaded_line(source: InitSource) -> str:
+    """The one line saying which pretrained weights the run starts from: where, how many
+    tensors and parameters (a storage shared by tied tensors counted once)."""
+    info = source.info
+    if info["kind"] == "blocklab":
+        where = f"blocklab checkpoint {info['checkpoint']} (step {info.get('step')})"
+    else:
+        path = Path(str(info.get("path"))) / info["gguf"] if info.get("gguf") else info.get("path")
+        where = f"{path} ({info.get('architecture')}, {info.get('format')})"
+    params = sum({(t.data_ptr(), t.numel()): t.numel() for t in source.state.values()}.values())
+    return (f"init_from: pretrained weights loaded from {where}: {len(source.state)} tensors, "
+            f"{params:,} parameters (the model starts from them; the optimizer starts fresh)")
 
 
 def _tokenizer_config(source: InitSource, cfg: DictConfig) -> dict[str, Any]:

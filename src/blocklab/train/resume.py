@@ -33,6 +33,9 @@ from blocklab.config.stored import refuse_instructions
 from blocklab.provenance import config_diff, is_bookkeeping
 from blocklab.runlock import run_lock, writable_dir
 
+#: Keys that say where the data is read or kept, not what it is: a change that leaves the data
+#: and tokenizer fingerprints equal (the same files named another way) changes nothing.
+DATA_PATHS = ("data.files", "data.val_files", "data.cache_dir", "tokenizer.path")
 ABSENT = "<absent>"  # what config_diff reports for a key missing on one side
 NOT_COMPOSED = ("resume",)  # never carried over from the run's overrides
 
@@ -68,11 +71,28 @@ def resumed_config(cfg: DictConfig, overrides: list[str] | None, loaded: ckpt.Lo
         new = [o for o in overrides if _key(o)[0] not in NOT_COMPOSED]
         recorded = merge_overrides(orig, new)
         delta = _delta(orig, new, where)
+    relocate_stored(loaded, {k for k, _, _ in delta})
     base = OmegaConf.structured(loaded.config)  # plain stored data: nothing to resolve
     apply_delta(base, [d for d in delta if d[0] not in NOT_COMPOSED])
     with open_dict(base):
         base.resume = str(cfg.resume)
     return base, recorded
+
+
+def relocate_stored(loaded: ckpt.Loaded, command_line: set[str]) -> None:
+    """The run's stored relative data and tokenizer paths that are missing from this working
+    directory, resolved against the directory the run was started in (data/relocate.py; each
+    said on stderr) -- in ``loaded.config`` itself, so the stored config and the resumed one
+    agree: the same files, no change to warn about. Keys the command line sets are its own; a
+    stored source found nowhere is refused naming the override that fixes it."""
+    from blocklab.data.relocate import relocate, run_origin
+
+    c = loaded.config
+    r = relocate(c.data, c.tokenizer, run_origin(loaded.meta, loaded.run_dir), "resume",
+                 frozenset(command_line))
+    c.data, c.tokenizer = r.data, r.tokenizer
+    for note in r.notes:
+        print(note, file=sys.stderr)
 
 
 def stored_overrides(meta: dict[str, Any], where: str) -> list[str]:
@@ -186,10 +206,15 @@ def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change
     for name, value in fingerprints.items():
         if meta.get(name) != value and not allow_data_change:
             raise ckpt.CheckpointError(data_change(name, meta.get(name), value, diff, changed))
+    same_data = all(meta.get(name) == value for name, value in fingerprints.items())
+    moved = [d for d in diff if d[0] in DATA_PATHS and same_data]
     allowed = [f"resume: {k} changed {a!r} -> {b!r} (allowed)" for k, a, b in diff
                if is_bookkeeping(k)]
+    allowed += [f"resume: {k} changed {a!r} -> {b!r}: the same data (fingerprints equal; "
+                "allowed)" for k, a, b in moved]
     warned = [f"resume: {k} changed {a!r} -> {b!r}: the run is no longer exactly the "
-              "uninterrupted one" for k, a, b in diff if not is_bookkeeping(k)]
+              "uninterrupted one" for k, a, b in diff
+              if not is_bookkeeping(k) and (k, a, b) not in moved]
     return allowed, warned
 
 
