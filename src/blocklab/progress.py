@@ -67,7 +67,7 @@ def duration(seconds: float) -> str:
 
 
 def quiet() -> Progress:
-    """A :class:`Progress` that writes nothing (in-memory reads, e.g. ``init_from``)."""
+    """A :class:`Progress` that writes nothing (in-memory reads)."""
     return _Quiet("")
 
 
