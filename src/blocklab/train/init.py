@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -46,8 +45,8 @@ def read_source(target: str) -> InitSource:
     """The pretrained weights, architecture and tokenizer behind ``init_from=target``."""
     from blocklab.convert import read_pretrained
 
-    p = Path(target)
-    if p.suffix == ".gguf" or not p.exists() or (p / "config.json").is_file():
+    p, best = ckpt.split_target(target)  # <run>:best: that run's best checkpoint
+    if not best and (p.suffix == ".gguf" or not p.exists() or (p / "config.json").is_file()):
         pre = (read_pretrained(str(p.parent), gguf=p.name) if p.suffix == ".gguf"
                else read_pretrained(target))
         return InitSource(model_to_dict(pre.model), pre.state, pre.tokenizer, pre.specials,
