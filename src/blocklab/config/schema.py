@@ -217,7 +217,10 @@ class OptimConfig:
 @dataclass
 class ScheduleConfig:
     name: str = "cosine"  # cosine | constant | linear
-    warmup_steps: int = 100
+    # the linear warmup: a number of steps, or a fraction of trainer.max_steps (rounded up);
+    # set one, the other null
+    warmup_steps: int | None = 100
+    warmup_ratio: float | None = None
     min_lr_ratio: float = 0.1
 
 

@@ -71,7 +71,15 @@ def validate_schedule(s: ScheduleConfig, key: str = "schedule") -> ScheduleConfi
     from blocklab import registry
 
     registry.lookup("schedule", s.name, f"{key}.name")
-    _check(s.warmup_steps >= 0, f"{key}.warmup_steps", s.warmup_steps, "must be >= 0")
+    steps, ratio = f"{key}.warmup_steps", f"{key}.warmup_ratio"
+    _check(s.warmup_steps is None or s.warmup_ratio is None, ratio, s.warmup_ratio,
+           f"set one of {steps} and {ratio}, not both ({steps}={s.warmup_steps})",
+           f"for a fraction of trainer.max_steps also pass {steps}=null")
+    _check(s.warmup_steps is not None or s.warmup_ratio is not None, steps, s.warmup_steps,
+           f"set one of {steps} and {ratio} (0 = no warmup)")
+    _check(s.warmup_steps is None or s.warmup_steps >= 0, steps, s.warmup_steps, "must be >= 0")
+    _check(s.warmup_ratio is None or (_finite(s.warmup_ratio) and 0 <= s.warmup_ratio < 1),
+           ratio, s.warmup_ratio, "must be in [0, 1) (a fraction of trainer.max_steps)")
     _check(_finite(s.min_lr_ratio) and 0 <= s.min_lr_ratio <= 1, f"{key}.min_lr_ratio",
            s.min_lr_ratio, "must be in [0, 1] (a fraction of optim.lr)")
     return s

@@ -27,7 +27,7 @@ from blocklab.data.tokenizer import Specials
 from blocklab.model import build_model
 from blocklab.objectives import build_objective
 from blocklab.registry import lookup
-from blocklab.train.optim import build_optimizer
+from blocklab.train.optim import build_optimizer, resolved
 
 # Returning None from training_step is how a non-finite step is skipped (see _skip_or_stop).
 warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
@@ -217,9 +217,26 @@ class LitModel(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         opt = build_optimizer(self.model, self.cfg.optim)
         fn = lookup("schedule", self.cfg.schedule.name)
-        lam = functools.partial(fn, cfg=self.cfg.schedule, max_steps=self.cfg.trainer.max_steps)
+        max_steps = self.cfg.trainer.max_steps
+        lam = functools.partial(fn, cfg=resolved(self.cfg.schedule, max_steps),
+                                max_steps=max_steps)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        """The learning rate of the next step from this run's schedule. A resume restores the
+        optimizer's rate as the checkpoint's schedule left it; with another
+        ``trainer.max_steps`` that is the old length's, so the first resumed step would use
+        it. Recomputed here, every step of the resumed run has the rate a run of the new length
+        has at that step (the same value, bit for bit, when the length is unchanged)."""
+        for config in self.trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+                continue
+            lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
+            for group, lr in zip(sched.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            sched._last_lr = lrs
 
     # ------------------------------------------------------------------------- checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

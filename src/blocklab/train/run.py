@@ -30,6 +30,7 @@ from blocklab.train.flops import (  # noqa: F401  (re-exported: train.run.GPU_PE
     peak_flops_for,
 )
 from blocklab.train.metrics import reconcile
+from blocklab.train.optim import warmup_warning
 from blocklab.train.probing import final_probes, probe_callbacks
 from blocklab.train.result import RunDir
 from blocklab.train.resume import check_resume, open_target, resumed_config
@@ -88,6 +89,9 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
             init = apply_init_from(cfg, overrides or [])
         tc = validate_train(to_train_config(cfg))  # every key, before anything is written
         resume_from, old, run_dir = _target(tc, loaded)
+        warned = warmup_warning(tc.schedule, tc.trainer.max_steps, tc.optim.lr)
+        if warned and not ddp_child():
+            print(warned, file=sys.stderr)
         from blocklab.data.streams import build_streams
 
         streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
