@@ -3,7 +3,7 @@ short of the first ``val_every_steps``, early stopping between validations, ``ma
 resume's new end — once, never twice — logged like any validation row, before the step's
 checkpoint, and in ``summary.json`` with the step each metric comes from. The final validation
 draws nothing from the training's random generators: a run resumed from such a step still equals
-the uninterrupted one."""
+the uninterrupted one. And ``trainer.compile`` says when it compiles."""
 
 from __future__ import annotations
 
@@ -123,3 +123,23 @@ def test_a_resume_with_nothing_left_to_train_keeps_the_summary(tmp_path, capfd):
     after = summary(run)
     assert after["metrics"]["val/loss"] == before["metrics"]["val/loss"]
     assert after["metric_steps"]["val/loss"] == 4
+
+
+def test_compile_says_when_it_compiles_and_how_long_the_first_step_took(tmp_path, capfd,
+                                                                       monkeypatch):
+    """torch.compile compiles at the first step; here it is replaced by a no-op (the lines are
+    what is tested, not inductor: tests/model/test_compile.py is)."""
+    import torch
+
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compiled.append(kw))
+    r = run_cli(capfd, "blocklab-train", *SMOKE, "trainer.max_steps=2", "trainer.compile=true",
+                f"out_root={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert compiled == [{"dynamic": None}]
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("compile:")]
+    assert len(lines) == 2, r.stderr[-3000:]
+    assert lines[0] == ("compile: compiling the model (torch.compile; the first steps take "
+                        "longer) ...")
+    assert lines[1].startswith("compile: compiled; the first step took ") and \
+        lines[1].endswith(" s")

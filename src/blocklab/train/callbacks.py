@@ -99,8 +99,40 @@ def stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
 
 
 def lightning_options(t: Any, run_dir: Path) -> list:
-    """Callbacks for the trainer group's Lightning options (``trainer.max_time``)."""
-    return [StepTimer(t.max_time, accumulate=t.accumulate)] if t.max_time else []
+    """Callbacks for the trainer group's Lightning options (``trainer.max_time``) and the
+    notice around ``trainer.compile``'s first step."""
+    return ([StepTimer(t.max_time, accumulate=t.accumulate)] if t.max_time else []) + \
+        ([CompileNotice()] if t.compile else [])
+
+
+class CompileNotice(L.Callback):
+    """``torch.compile`` compiles at the first forward and backward, which can take a minute:
+    a line before the first step and one after it, with its time (rank 0)."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self._done = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import sys
+        import time
+
+        if self._started is None and trainer.is_global_zero:
+            print("compile: compiling the model (torch.compile; the first steps take longer) "
+                  "...", file=sys.stderr, flush=True)
+        if self._started is None:
+            self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import sys
+        import time
+
+        if not self._done and self._started is not None:
+            self._done = True
+            if trainer.is_global_zero:
+                print(f"compile: compiled; the first step took "
+                      f"{time.perf_counter() - self._started:.1f} s", file=sys.stderr,
+                      flush=True)
 
 
 def profiler(name: str | None, run_dir: Path) -> Any:
