@@ -359,3 +359,44 @@ def test_loss_axis_ticks_read_as_plain_numbers(tmp_path: Path) -> None:
     labels = seen["labels"]
     assert labels and not any("10^" in t or "times" in t or "\\\\" in t for t in labels), labels
     assert all(float(t.replace(",", "")) > 0 for t in labels), labels
+
+
+def test_a_number_from_an_older_step_is_marked_with_its_step(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture) -> None:
+    """Issue 41: a run trained 20 steps (validation at 10 and 20), resumed to 25 by a blocklab
+    that did not validate the last step: its summary (the resumed launch's) has no val/loss,
+    so the table's val_loss is step 20's, beside step 25 — now marked, with the step in the
+    CSV too. A run whose numbers are all from its last step is not marked."""
+    logs = [[[0, 10, 3.0, 900.0, 3.2], [0, 20, 2.5, 900.0, 2.8]], [[0, 25, 2.4, 950.0, ""]]]
+    old = make_run(tmp_path, "resumed", make_config(n_layers=1),
+                   summary={"step": 25, "metrics": {"train/loss": 2.4,
+                                                    "train/tokens_per_s": 950.0}},
+                   logs=logs)
+    new = make_run(tmp_path, "new", make_config(n_layers=2),
+                   summary={**summary(25, 2.3, 2.6), "metric_steps": {
+                       "train/loss": 25, "val/loss": 25, "train/tokens_per_s": 24}},
+                   logs=[[[0, 24, 2.3, 999.0, ""], [0, 25, 2.3, "", 2.6]]])
+    rows = {r["name"]: r for r in compare.collect([old, new])}
+    assert (rows["resumed"]["val_loss"], rows["resumed"]["val_loss_step"]) == (2.8, 20)
+    assert (rows["resumed"]["train_loss"], rows["resumed"]["train_loss_step"]) == (2.4, 25)
+    assert rows["new"]["val_loss_step"] == 25 and rows["new"]["tokens_per_s_step"] == 24
+    assert compare.main([str(old), str(new), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    printed = capsys.readouterr().out
+    line = next(ln for ln in printed.splitlines() if ln.startswith("| resumed"))
+    assert "| 2.4 | 2.8 (step 20) |" in line
+    line = next(ln for ln in printed.splitlines() if ln.startswith("| new"))
+    assert "| 2.3 | 2.6 |" in line and "| 12345 (step 24) |" in line
+    with (tmp_path / "out" / "compare.csv").open() as fh:
+        csv_rows = {r["run"]: r for r in csv.DictReader(fh)}
+    assert csv_rows["resumed"]["val_loss"] == "2.8" and csv_rows["resumed"]["val_loss_step"] == "20"
+    assert "(step" in (tmp_path / "out" / "compare.md").read_text()
+
+
+def test_an_old_summarys_number_takes_its_step_from_the_curve_when_they_agree(
+        tmp_path: Path) -> None:
+    run = make_run(tmp_path, "r", make_config(), summary=summary(20, 2.0, 2.5),
+                   logs=[[[0, 10, 3.0, 9.0, 2.5], [0, 20, 2.0, 9.0, ""]]])
+    (row,) = compare.collect([run])
+    assert (row["val_loss"], row["val_loss_step"], row["train_loss_step"]) == (2.5, 10, 20)
+    assert row["tokens_per_s_step"] is None  # 12345 in the summary, 9 in the curve: unknown
+    assert "2.5 (step 10)" in compare.markdown_table([row])

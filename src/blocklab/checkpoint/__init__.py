@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from blocklab.checkpoint.best import BEST, best_name, best_record, split_target
 from blocklab.checkpoint.manifest import (
     CONFIG,
     FORMAT_VERSION,
@@ -51,6 +52,7 @@ from blocklab.checkpoint.manifest import (
     META,
     STATE,
     TOKENIZER,
+    Refused,
     unpickle,
     verify,
 )
@@ -67,12 +69,6 @@ PREFIX = "step-"
 NAME = re.compile(r"step-(\d+)")  # a checkpoint directory's whole name
 OLD = re.compile(r"\.old-(step-\d+)-\d+")  # a re-saved step's previous copy, moved aside
 T = TypeVar("T")
-
-
-class Refused(CheckpointError):
-    """A complete, verified checkpoint whose content is refused — an unsafe pickle, a stored
-    config holding instructions, readable copies that disagree with the state: an error to
-    report, never a reason to fall back to an older checkpoint."""
 
 
 _write = write_file  # every file of a checkpoint is written (and fsynced) through this
@@ -133,13 +129,15 @@ def _set_aside(path: Path) -> Path:
     return aside
 
 
-def prune(run_dir: str | Path, keep: int) -> list[Path]:
+def prune(run_dir: str | Path, keep: int, *, protect: list[str] | tuple[str, ...] = ()
+          ) -> list[Path]:
     """Delete all but the newest ``keep`` checkpoints of a run (0 = keep all), counting every
-    checkpoint in the directory — those of earlier launches too; corrupt ones set aside are
-    never touched. Returns what was deleted."""
+    checkpoint in the directory — those of earlier launches too — and never those named in
+    ``protect`` (the best checkpoint); corrupt ones set aside are never touched. Returns what
+    was deleted."""
     if keep <= 0:
         return []
-    doomed = list_checkpoints(run_dir)[:-keep]
+    doomed = [p for p in list_checkpoints(run_dir)[:-keep] if p.name not in protect]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
@@ -198,16 +196,44 @@ def _is_checkpoint(target: Path) -> bool:
 
 
 def run_dir_of(target: str | Path) -> Path:
-    """The run directory of a checkpoint target (a run directory is its own), unread."""
-    target = Path(target)
+    """The run directory of a checkpoint target (a run directory is its own, and
+    ``<run>:best``'s is ``<run>``), unread."""
+    target, _ = split_target(target)
     return target.parent.parent if _is_checkpoint(target) else target
+
+
+def _pick_best(run_dir: Path, take: Callable[[Path], T]) -> T:
+    """``take`` the run's best checkpoint, verified like any other; a best checkpoint that
+    fails is an error (never another one in its place), one that vanished (pruned by a
+    training still running, which recorded a better one meanwhile) is looked up again."""
+    if not run_dir.is_dir() or _is_checkpoint(run_dir):
+        raise CheckpointError(f"checkpoint {run_dir}{BEST}: {BEST} follows a run directory "
+                              "(not a checkpoint, nor a path that does not exist)")
+    seen = None
+    while True:
+        record, holder = best_record(run_dir, readable(run_dir), step_name)
+        path = run_dir / "checkpoints" / best_name(record)
+        try:
+            return _pick(path, take)
+        except Refused:
+            raise
+        except CheckpointError as e:
+            if path.exists() or record == seen:  # corrupt, or missing for good
+                what = f"{record.get('metric')} {record.get('score')}"
+                raise CheckpointError(f"checkpoint {run_dir}{BEST}: the best checkpoint "
+                                      f"{path.name} ({what}, recorded by {step_name(holder)}) "
+                                      f"cannot be read: {e}") from None
+            seen = record
 
 
 def _pick(target: str | Path, take: Callable[[Path], T]) -> T:
     """``take`` the checkpoint ``target`` names: itself, or a run directory's newest one that
     ``take`` accepts — falling back past corrupt ones with a warning, and choosing again when
-    the chosen one disappears meanwhile (pruned or replaced by a training still running)."""
-    target = Path(target)
+    the chosen one disappears meanwhile (pruned or replaced by a training still running) —, or
+    with ``:best`` the run's best one."""
+    target, best = split_target(target)
+    if best:
+        return _pick_best(target, take)
     if not target.exists():
         moved = [p for p in readable(target.parent.parent) if p.name.startswith(".old-")
                  and step_name(p) == target.name] if NAME.fullmatch(target.name) else []

@@ -21,6 +21,12 @@ STATE, META, CONFIG, TOKENIZER, MANIFEST = (
     "state.pt", "meta.json", "config.yaml", "tokenizer.json", "manifest.json")
 
 
+class Refused(CheckpointError):
+    """A complete, verified checkpoint whose content is refused — an unsafe pickle, a stored
+    config holding instructions, readable copies that disagree with the state: an error to
+    report, never a reason to fall back to an older checkpoint."""
+
+
 def verify(path: str | Path, *, keep: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check the manifest of checkpoint ``path``; return it or raise :class:`CheckpointError`.
 
@@ -68,6 +74,16 @@ def _manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: format version {version} is newer than this "
                               f"blocklab understands ({FORMAT_VERSION}); upgrade blocklab")
     return manifest
+
+
+def verified_file(path: str | Path, name: str) -> bytes:
+    """One small file of checkpoint ``path`` (``meta.json``), checked against its manifest
+    entry alone: what reading a record needs, without hashing ``state.pt``."""
+    path = Path(path)
+    info = _manifest(path)["files"].get(name)
+    if not isinstance(info, dict):
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} does not cover {name}")
+    return _verified(path, name, info, handle=False)
 
 
 def _verified(path: Path, name: str, info: dict[str, Any], *, handle: bool) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -162,10 +162,6 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return {k: sorted(v.items()) for k, v in series.items()}
 
 
-def _last(curve: Sequence[tuple[int, float]] | None) -> float | None:
-    return curve[-1][1] if curve else None
-
-
 # --------------------------------------------------------------------------- probe headlines
 
 
@@ -264,14 +260,25 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     probes = probes if isinstance(probes, Mapping) else None
     job = finite_int(status.get("job"))
 
-    def final(summary_key: str) -> float | None:
-        v = finite_float(metrics.get(summary_key))
-        return v if v is not None else _last(curves.get(summary_key))
+    metric_steps = (summary or {}).get("metric_steps")
+    metric_steps = metric_steps if isinstance(metric_steps, Mapping) else {}
+
+    def final(key: str) -> tuple[float | None, int | None]:
+        """(the run's last value of ``key``, the step it comes from; None where unknown)."""
+        v, curve = finite_float(metrics.get(key)), curves.get(key)
+        if v is None:
+            return (curve[-1][1], curve[-1][0]) if curve else (None, None)
+        at = finite_int(metric_steps.get(key))
+        if at is None and curve and curve[-1][1] == v:  # a summary from before metric_steps
+            at = curve[-1][0]
+        return v, at
 
     step = finite_int((summary or {}).get("step"))
     if step is None:
         steps = [c[-1][0] for c in curves.values() if c]
         step = max(steps) if steps else None
+    (train_loss, train_at), (val_loss, val_at) = final("train/loss"), final("val/loss")
+    tokens_per_s, tokens_at = final("train/tokens_per_s")
 
     row: dict[str, Any] = {
         "run": _run_name(d, job), "name": d.name, "path": str(d), "job": job,
@@ -279,10 +286,11 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         "has_config": config is not None,
         "params": read_params(d, summary),
         "status": _status(status, summary), "step": step,
-        "train_loss": final("train/loss"), "val_loss": final("val/loss"),
+        "train_loss": train_loss, "val_loss": val_loss,
+        "train_loss_step": train_at, "val_loss_step": val_at, "tokens_per_s_step": tokens_at,
         "needle_in": None, "needle_beyond": None, "eff_len": None, "litm_gap": litm_gap(probes),
         "ppl_L": None, "ppl_max": None, "ppl_max_len": None,
-        "tokens_per_s": final("train/tokens_per_s"),
+        "tokens_per_s": tokens_per_s,
         "error": _first_line(status.get("error")),
         "overrides": list(status.get("overrides") or []),
         "has_probes": probes is not None,

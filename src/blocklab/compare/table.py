@@ -3,6 +3,9 @@ markdown (stdout and ``compare.md``) or CSV (``compare.csv``, raw values).
 
 Columns: the run name, the varied config axes, then :data:`METRIC_COLUMNS`; ``ppl_*`` only when
 some run has them. Missing values read ``-`` in markdown and empty in CSV, and always sort last.
+A loss or throughput from an earlier step than the run's ``step`` (a run resumed past its last
+validation, a metric not logged at the last step) reads ``3.214 (step 18)`` in markdown; the
+CSV has the step of each such number in its own column (``val_loss_step``, ...).
 """
 
 from __future__ import annotations
@@ -21,13 +24,18 @@ METRIC_COLUMNS = ("params", "status", "step", "train_loss", "val_loss", "needle_
                   "needle_beyond", "eff_len", "litm_gap", "ppl_L", "ppl_max", "tokens_per_s",
                   "error")
 OPTIONAL_COLUMNS = ("ppl_L", "ppl_max")
-CSV_EXTRA = ("path", "job", "needle_variant", "ppl_max_len")
+#: columns whose number comes from some step's row: marked when that is not the run's last step
+STEP_MARKED = ("train_loss", "val_loss", "tokens_per_s")
+CSV_EXTRA = ("path", "job", "needle_variant", "ppl_max_len",
+             *(f"{c}_step" for c in STEP_MARKED))
 _INTEGER_COLUMNS = ("params", "step", "eff_len")
 
 LEGEND = ("needle_in / needle_beyond: accuracy within / beyond the training length of the "
           "needle variant with the most distractors; eff_len: its effective length; "
           "litm_gap: best-worst gap of the kv_records curve with the most records; ppl_L / "
-          "ppl_max: sliding-window perplexity at the training length / the largest length.")
+          "ppl_max: sliding-window perplexity at the training length / the largest length. "
+          "A number from an earlier step than the run's step is marked with its step: "
+          "3.214 (step 18).")
 
 
 def table_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -69,6 +77,14 @@ def _cell_md(value: Any, column: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _step_mark(row: Mapping[str, Any], column: str) -> str:
+    """`` (step N)`` when the number in ``column`` comes from a step other than the run's."""
+    if column not in STEP_MARKED or row.get(column) is None:
+        return ""
+    at, step = finite_int(row.get(f"{column}_step")), finite_int(row.get("step"))
+    return f" (step {at})" if at is not None and step is not None and at != step else ""
+
+
 def _cell_csv(value: Any) -> Any:
     if value is None:
         return ""
@@ -85,7 +101,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | N
                and all(r.get(c) is None or finite_float(r.get(c)) is not None for r in rows)}
     lines = ["| " + " | ".join(cols) + " |",
              "|" + "|".join("---:" if c in numeric else "---" for c in cols) + "|"]
-    lines += ["| " + " | ".join(_cell_md(r.get(c), c) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell_md(r.get(c), c) + _step_mark(r, c) for c in cols) + " |"
+              for r in rows]
     return "\n".join(lines)
 
 

@@ -82,6 +82,11 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "m
 WANDB_MODES = ("offline", "online", "disabled")
 PROFILERS = ("simple", "advanced", "pytorch")  # Lightning's profilers by name
 GRAD_NORMS = ("none", "global", "layer")  # trainer.log_grad_norm
+#: The metrics of a step's logged row a run can watch (early stopping, the best checkpoint),
+#: and which way is better for each (train/metrics.py writes them).
+ROW_METRICS = ("val/loss", "val/accuracy", "train/loss", "train/grad_norm")
+BEST_MODES = {"val/loss": "min", "val/accuracy": "max", "train/loss": "min",
+              "train/grad_norm": "min"}
 PROBE_SPACES = ("auto", "token", "text")
 TEXT_HAYSTACKS = ("essay", "shakespeare")  # built in; anything else is a path to a text file
 
@@ -217,7 +222,10 @@ class OptimConfig:
 @dataclass
 class ScheduleConfig:
     name: str = "cosine"  # cosine | constant | linear
-    warmup_steps: int = 100
+    # the linear warmup: a number of steps, or a fraction of trainer.max_steps (rounded up);
+    # set one, the other null
+    warmup_steps: int | None = 100
+    warmup_ratio: float | None = None
     min_lr_ratio: float = 0.1
 
 
@@ -234,6 +242,12 @@ class TrainerConfig:
     val_every_steps: int = 250
     ckpt_every_steps: int = 250
     keep_checkpoints: int = 3  # newest N kept (0 = all)
+    # also keep the best checkpoint (never pruned while it is the best; `ckpt=<run>:best`): the
+    # one whose step's row holds the best best_monitor
+    keep_best: bool = True
+    # null: early stopping's monitor and mode when it is configured, else val/loss (lower is
+    # better); or one of ROW_METRICS (val/accuracy: higher is better)
+    best_monitor: str | None = None
     log_every_steps: int = 10
     compile: bool = False
     # shapes of the compiled model: null = torch's automatic dynamic shapes (static graph

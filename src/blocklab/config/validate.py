@@ -13,10 +13,12 @@ from blocklab.config.checks import _check, _each, _finite, _name, _one_of
 from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     ACCELERATORS,
+    BEST_MODES,
     DATA_FORMATS,
     GRAD_NORMS,
     PRECISIONS,
     PROFILERS,
+    ROW_METRICS,
     STRATEGIES,
     UTF8_ERRORS,
     DataName,
@@ -71,7 +73,15 @@ def validate_schedule(s: ScheduleConfig, key: str = "schedule") -> ScheduleConfi
     from blocklab import registry
 
     registry.lookup("schedule", s.name, f"{key}.name")
-    _check(s.warmup_steps >= 0, f"{key}.warmup_steps", s.warmup_steps, "must be >= 0")
+    steps, ratio = f"{key}.warmup_steps", f"{key}.warmup_ratio"
+    _check(s.warmup_steps is None or s.warmup_ratio is None, ratio, s.warmup_ratio,
+           f"set one of {steps} and {ratio}, not both ({steps}={s.warmup_steps})",
+           f"for a fraction of trainer.max_steps also pass {steps}=null")
+    _check(s.warmup_steps is not None or s.warmup_ratio is not None, steps, s.warmup_steps,
+           f"set one of {steps} and {ratio} (0 = no warmup)")
+    _check(s.warmup_steps is None or s.warmup_steps >= 0, steps, s.warmup_steps, "must be >= 0")
+    _check(s.warmup_ratio is None or (_finite(s.warmup_ratio) and 0 <= s.warmup_ratio < 1),
+           ratio, s.warmup_ratio, "must be in [0, 1) (a fraction of trainer.max_steps)")
     _check(_finite(s.min_lr_ratio) and 0 <= s.min_lr_ratio <= 1, f"{key}.min_lr_ratio",
            s.min_lr_ratio, "must be in [0, 1] (a fraction of optim.lr)")
     return s
@@ -88,6 +98,9 @@ def validate_trainer(t: TrainerConfig, key: str = "trainer") -> TrainerConfig:
         _check(getattr(t, name) >= 1, f"{key}.{name}", getattr(t, name), "must be >= 1")
     _check(t.keep_checkpoints >= 0, f"{key}.keep_checkpoints", t.keep_checkpoints,
            "must be >= 0 (0 = keep all)")
+    _check(t.best_monitor is None or t.best_monitor in ROW_METRICS, f"{key}.best_monitor",
+           t.best_monitor, f"must be null (early stopping's monitor, else val/loss) or one of "
+           f"{', '.join(ROW_METRICS)}")
     _check(t.skip_nonfinite >= 0, f"{key}.skip_nonfinite", t.skip_nonfinite,
            "must be >= 0 (0 = stop at the first non-finite step)")
     _check(t.threads is None or t.threads >= 1, f"{key}.threads", t.threads,
@@ -177,6 +190,37 @@ def validate_callbacks(callbacks: dict[str, Any], key: str = "callbacks") -> dic
     return callbacks
 
 
+def watched(callbacks: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(metric, mode, key) of the first configured callback that watches a metric of the
+    logged rows — a component with ``watches(options, key)``: early stopping, its monitor and
+    mode —; None without one."""
+    from blocklab import registry
+
+    for name, options in callbacks.items():
+        watches = getattr(registry.lookup("callback", name, f"callbacks.{name}"), "watches", None)
+        if watches is not None:
+            metric, mode = watches(dict(options or {}), f"callbacks.{name}")
+            return metric, mode, f"callbacks.{name}.monitor"
+    return None
+
+
+def best_rule(tc: TrainConfig) -> tuple[str, str] | None:
+    """(metric, mode) that decides the best checkpoint: ``trainer.best_monitor``, else what
+    early stopping watches, else val/loss (min); None with ``trainer.keep_best=false``.
+    Refused in one line: a ``best_monitor`` other than early stopping's (one "best" a run)."""
+    t = tc.trainer
+    if not t.keep_best:
+        return None
+    stops = watched(tc.callbacks)
+    if stops is not None:
+        _check(t.best_monitor in (None, stops[0]), "trainer.best_monitor", t.best_monitor,
+               f"early stopping watches {stops[0]} ({stops[2]}), and the best checkpoint is "
+               "the one it calls best", "leave trainer.best_monitor null or make them the same")
+        return stops[0], stops[1]
+    metric = t.best_monitor or "val/loss"
+    return metric, BEST_MODES[metric]
+
+
 def validate_train(tc: TrainConfig) -> TrainConfig:
     """Every key of a composed training config, before any data is read, any model built or
     any file written; returns it unchanged. ``model.vocab_size`` may still be null here (the
@@ -197,6 +241,7 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
     validate_trainer(tc.trainer)
     validate_logger(tc.logger)
     validate_callbacks(tc.callbacks)
+    best_rule(tc)
     for key in ("probes", "checkpoint_probes"):  # each as it runs for this tokenizer
         setattr(tc, key, validate_run_probe_spec(getattr(tc, key), tc, key))
     return tc

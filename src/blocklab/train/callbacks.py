@@ -25,10 +25,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import EarlyStopping, Timer
 
+from blocklab.config.schema import ROW_METRICS
 from blocklab.errors import ConfigError
-
-#: Metrics of a step's row that early stopping may monitor (train/metrics.py writes them).
-ROW_METRICS = ("val/loss", "val/accuracy", "train/loss", "train/grad_norm")
 
 
 class StepEarlyStopping(EarlyStopping):
@@ -43,6 +41,7 @@ class StepEarlyStopping(EarlyStopping):
                          check_on_train_epoch_end=False, verbose=False)
         self.stopped_step: int | None = None
         self.reason: str | None = None
+        self._checked: int | None = None  # the step whose row was checked last
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Lightning's validation loop never runs here (validation is in the metrics row)."""
@@ -51,9 +50,11 @@ class StepEarlyStopping(EarlyStopping):
         import torch
 
         row = getattr(pl_module, "last_row", None) or {}
-        if getattr(pl_module, "last_row_step", None) != trainer.global_step or self.monitor not in row:
+        step = trainer.global_step
+        if getattr(pl_module, "last_row_step", None) != step or self.monitor not in row \
+                or self._checked == step:
             return
-        pl_module.last_row_step = None  # each row is checked once
+        self._checked = step  # each row is checked once (not again mid-accumulation)
         should_stop, reason = self._evaluate_stopping_criteria(torch.tensor(row[self.monitor]))
         should_stop = trainer.strategy.reduce_boolean_decision(should_stop, all=False)
         if should_stop and not trainer.should_stop:
@@ -98,8 +99,40 @@ def stop_reason(trainer: L.Trainer, max_steps: int) -> str | None:
 
 
 def lightning_options(t: Any, run_dir: Path) -> list:
-    """Callbacks for the trainer group's Lightning options (``trainer.max_time``)."""
-    return [StepTimer(t.max_time, accumulate=t.accumulate)] if t.max_time else []
+    """Callbacks for the trainer group's Lightning options (``trainer.max_time``) and the
+    notice around ``trainer.compile``'s first step."""
+    return ([StepTimer(t.max_time, accumulate=t.accumulate)] if t.max_time else []) + \
+        ([CompileNotice()] if t.compile else [])
+
+
+class CompileNotice(L.Callback):
+    """``torch.compile`` compiles at the first forward and backward, which can take a minute:
+    a line before the first step and one after it, with its time (rank 0)."""
+
+    def __init__(self) -> None:
+        self._started: float | None = None
+        self._done = False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import sys
+        import time
+
+        if self._started is None and trainer.is_global_zero:
+            print("compile: compiling the model (torch.compile; the first steps take longer) "
+                  "...", file=sys.stderr, flush=True)
+        if self._started is None:
+            self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import sys
+        import time
+
+        if not self._done and self._started is not None:
+            self._done = True
+            if trainer.is_global_zero:
+                print(f"compile: compiled; the first step took "
+                      f"{time.perf_counter() - self._started:.1f} s", file=sys.stderr,
+                      flush=True)
 
 
 def profiler(name: str | None, run_dir: Path) -> Any:
@@ -146,8 +179,11 @@ class Builtin:
     rules, and how it is built."""
 
     def __init__(self, options: type, build: Callable[[Any], list],
-                 rules: Callable[[Any, str], None] | None = None) -> None:
+                 rules: Callable[[Any, str], None] | None = None,
+                 watched: Callable[[Any], tuple[str, str]] | None = None) -> None:
         self.options, self.build, self.rules = options, build, rules
+        if watched is not None:  # what the validator asks (config.validate.watched)
+            self.watches = lambda given, key: watched(self.parse(given, key))
 
     def parse(self, given: dict[str, Any], key: str) -> Any:
         known = [f.name for f in dataclasses.fields(self.options)]
@@ -209,7 +245,8 @@ class NoOptions:
 
 
 CALLBACKS = {
-    "early_stopping": Builtin(EarlyStoppingOptions, _early_stopping, _early_stopping_rules),
+    "early_stopping": Builtin(EarlyStoppingOptions, _early_stopping, _early_stopping_rules,
+                              lambda o: (o.monitor, o.mode)),
     "lr_monitor": Builtin(LrMonitorOptions, _lr_monitor, _lr_monitor_rules),
     "none": Builtin(NoOptions, lambda o: []),
 }

@@ -2,7 +2,9 @@
 own save and resume paths use it (and every load is ``weights_only=True``). Retention is done
 here too, after every successful save: the newest ``keep`` checkpoints of the run directory
 stay, whichever launch wrote them (Lightning's own top-k only knows the checkpoints of the
-current launch, so every resume used to leave its starting checkpoint behind).
+current launch, so every resume used to leave its starting checkpoint behind), and beside them
+the best checkpoint the one just saved records (train/best.py), never pruned while it is the
+best.
 
 A resume has read its checkpoint already (train/resume.py: resolved, verified, its config
 checked): Lightning's restore gets that very state (``resumed``), not a second read of the
@@ -30,7 +32,9 @@ class BlocklabCheckpointIO(CheckpointIO):
                         storage_options: Any | None = None) -> None:
         path = ckpt.write_checkpoint(Path(path), checkpoint)
         self.written.add(path)
-        self.written.difference_update(ckpt.prune(path.parent.parent, self.keep))
+        best = (checkpoint.get("blocklab") or {}).get("best")
+        protect = [ckpt.best_name(best)] if isinstance(best, dict) else []
+        self.written.difference_update(ckpt.prune(path.parent.parent, self.keep, protect=protect))
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:

@@ -50,8 +50,8 @@ def read_source(target: str) -> InitSource:
     from blocklab.convert import read_pretrained
     from blocklab.progress import Progress
 
-    p = Path(target)
-    if p.suffix == ".gguf" or not p.exists() or (p / "config.json").is_file():
+    p, best = ckpt.split_target(target)  # <run>:best: that run's best checkpoint
+    if not best and (p.suffix == ".gguf" or not p.exists() or (p / "config.json").is_file()):
         say = Progress("init_from")
         pre = (read_pretrained(str(p.parent), gguf=p.name, progress=say) if p.suffix == ".gguf"
                else read_pretrained(target, progress=say))

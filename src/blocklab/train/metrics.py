@@ -4,9 +4,12 @@ follows it, and after a crash and resume each step's row exists exactly once.
 Lightning logs a step's metrics only after its ``on_train_batch_end`` hooks, where periodic
 checkpoints are written, and validates after that: a process killed between the two lost the
 rows of the step before its newest checkpoint for good (and its validation), because the
-resumed run starts after them. Here the order is reversed: :class:`DurableMetrics` runs first
-among the batch-end callbacks, writes the step's row (training metrics on log steps, the
-validation loss and accuracy on validation steps) and flushes it; only then are checkpoints written.
+resumed run starts after them. Here the order is reversed: :class:`StepRow` runs first among
+the batch-end callbacks and makes the step's row (training metrics on log steps, the validation
+loss and accuracy on validation steps); :class:`DurableMetrics`, after the callbacks that may
+stop the run, completes the row of its last step (training metrics and validation: every run
+reports both for its last step, however it ended) and writes and flushes it; only then are
+checkpoints written.
 
 A run that crashed between two checkpoints leaves rows the resumed run writes again (it
 restarts at its checkpoint and replays those steps exactly). :func:`reconcile` moves them, when
@@ -26,9 +29,11 @@ from typing import Any
 import lightning as L
 
 
-class DurableMetrics(L.Callback):
-    """Writes each optimizer step's row (and validation loss and accuracy on validation steps) to the
-    loggers, flushed, before the checkpoint callbacks of that step run."""
+class StepRow(L.Callback):
+    """First among the batch-end callbacks: closes each optimizer step and makes its row —
+    training metrics on log steps, validation loss and accuracy on validation steps — for the
+    callbacks after it (``pl_module.last_row``: early stopping reads it); :class:`DurableMetrics`
+    writes it."""
 
     def __init__(self, *, log_every: int, val_every: int, accumulate: int, max_steps: int) -> None:
         self.log_every, self.val_every = log_every, val_every
@@ -46,14 +51,46 @@ class DurableMetrics(L.Callback):
         self._last_step = step
         row = pl_module.finish_step(log=step % self.log_every == 0 or step >= self.max_steps)
         if step % self.val_every == 0:
-            val = pl_module.validation_metrics()
-            row |= val
-            for name, value in val.items():
-                pl_module.log(name, value, logger=False, prog_bar=True, batch_size=1)
+            row |= validate(pl_module)
+        pl_module.last_row, pl_module.last_row_step = row, step
+
+
+class DurableMetrics(L.Callback):
+    """After the callbacks that may end the run (early stopping, ``max_time``, a user's) and
+    before any checkpoint: the run's last step — ``max_steps`` reached or a stop asked for,
+    not a preemption, which the resumed run continues — gets its training metrics and a
+    validation if its row lacks them (never twice); then the row is written and flushed.
+    Validation draws nothing from the training's random generators and reads its own fixed
+    batches, so it changes neither the data order nor any later step."""
+
+    def __init__(self, *, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self._written = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if pl_module.last_row_step != step or self._written == step:
+            return  # mid-accumulation, or a skipped step: no new row
+        self._written = step
+        row = pl_module.last_row
+        if step >= self.max_steps or (trainer.should_stop
+                                      and not getattr(trainer, "received_sigterm", False)):
+            if "train/lr" not in row:
+                row |= pl_module.train_row()
+            if not any(k.startswith("val/") for k in row):
+                row |= validate(pl_module)
         if row:
             write_row(trainer, row, step)
-        # what callbacks after this one (early stopping) read: the row of this very step
-        pl_module.last_row, pl_module.last_row_step = row, step
+            for name, value in row.items():  # the run summary: each metric's last value, step
+                pl_module.latest[name] = (step, float(value))
+
+
+def validate(pl_module) -> dict[str, float]:
+    """The validation metrics of the model as it is now, also shown on the progress bar."""
+    val = pl_module.validation_metrics()
+    for name, value in val.items():
+        pl_module.log(name, value, logger=False, prog_bar=True, batch_size=1)
+    return val
 
 
 def write_row(trainer: L.Trainer, row: dict[str, float], step: int) -> None:

@@ -23,11 +23,13 @@ import torch
 from torch import Tensor
 
 from blocklab.config import TrainConfig
+from blocklab.config.validate import best_rule
 from blocklab.data.tokenizer import Specials
 from blocklab.model import build_model
 from blocklab.objectives import build_objective
 from blocklab.registry import lookup
-from blocklab.train.optim import build_optimizer
+from blocklab.train.best import better_record
+from blocklab.train.optim import build_optimizer, resolved
 
 # Returning None from training_step is how a non-finite step is skipped (see _skip_or_stop).
 warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
@@ -60,8 +62,13 @@ class LitModel(L.LightningModule):
         self._tokens_since = self._seq_tokens_since = 0
         self._grad_norms: dict[str, Tensor] = {}  # the last optimizer step's, before clipping
         self._layers: list[tuple[str, list[Tensor]]] | None = None
-        self.last_row: dict[str, float] = {}  # the row train/metrics.py wrote last, and its step
+        self.last_row: dict[str, float] = {}  # the row train/metrics.py made last, and its step
         self.last_row_step: int | None = None
+        self._step_loss: float | None = None  # the last optimizer step's loss
+        # the best checkpoint so far (train/best.py), and the (metric, mode) that decides it
+        self.best: dict[str, Any] | None = None
+        self.best_rule = best_rule(cfg)
+        self.latest: dict[str, tuple[int, float]] = {}  # metric -> (step, value) last written
         if cfg.trainer.activation_checkpointing:
             checkpoint_blocks(self.model)
 
@@ -141,33 +148,39 @@ class LitModel(L.LightningModule):
               f"({self.skipped_steps}/{limit} allowed by trainer.skip_nonfinite)", file=sys.stderr)
 
     def finish_step(self, *, log: bool) -> dict[str, float]:
-        """Close the optimizer step just taken; with ``log``, its metrics row: the step's loss
-        (all its micro-batches, every rank), learning rate, tokens seen, and throughput since
-        the last logged row."""
-        row: dict[str, float] = {}
-        if log:
-            if self._loss_count:
-                row["train/loss"] = self._loss_total / self._loss_count
-            row["train/lr"] = float(self.trainer.optimizers[0].param_groups[0]["lr"])
-            row["train/tokens_seen"] = float(self.tokens_seen)
-            now = time.perf_counter()
-            if self._t_last is not None and now > self._t_last:
-                dt = now - self._t_last
-                row["train/target_tokens_per_s"] = self._tokens_since / dt
-                row["train/tokens_per_s"] = all_tokens = self._seq_tokens_since / dt
-                if self.flops_per_token:
-                    row["train/flops_per_s"] = all_tokens * self.flops_per_token
-                    if self.peak_flops:
-                        row["train/mfu"] = row["train/flops_per_s"] / self.peak_flops
-            self._t_last, self._tokens_since, self._seq_tokens_since = now, 0, 0
-            for k, v in self._grad_norms.items():
-                row[k] = float(v.full_tensor() if hasattr(v, "full_tensor") else v)
-            row.update(peak_memory(self.device))
-            for k, v in row.items():  # progress bar and run summary (not the loggers)
-                self.log(k, v, logger=False, batch_size=1, prog_bar=k == "train/loss")
-        elif self._t_last is None:
-            self._t_last, self._tokens_since, self._seq_tokens_since = time.perf_counter(), 0, 0
+        """Close the optimizer step just taken; with ``log``, its metrics row
+        (:meth:`train_row`)."""
+        self._step_loss = self._loss_total / self._loss_count if self._loss_count else None
         self._loss_total = self._loss_count = 0.0
+        if log:
+            return self.train_row()
+        if self._t_last is None:
+            self._t_last, self._tokens_since, self._seq_tokens_since = time.perf_counter(), 0, 0
+        return {}
+
+    def train_row(self) -> dict[str, float]:
+        """The row of the step :meth:`finish_step` closed: its loss (all its micro-batches,
+        every rank), learning rate, tokens seen, and throughput since the last logged row."""
+        row: dict[str, float] = {}
+        if self._step_loss is not None:
+            row["train/loss"] = self._step_loss
+        row["train/lr"] = float(self.trainer.optimizers[0].param_groups[0]["lr"])
+        row["train/tokens_seen"] = float(self.tokens_seen)
+        now = time.perf_counter()
+        if self._t_last is not None and now > self._t_last:
+            dt = now - self._t_last
+            row["train/target_tokens_per_s"] = self._tokens_since / dt
+            row["train/tokens_per_s"] = all_tokens = self._seq_tokens_since / dt
+            if self.flops_per_token:
+                row["train/flops_per_s"] = all_tokens * self.flops_per_token
+                if self.peak_flops:
+                    row["train/mfu"] = row["train/flops_per_s"] / self.peak_flops
+        self._t_last, self._tokens_since, self._seq_tokens_since = now, 0, 0
+        for k, v in self._grad_norms.items():
+            row[k] = float(v.full_tensor() if hasattr(v, "full_tensor") else v)
+        row.update(peak_memory(self.device))
+        for k, v in row.items():  # progress bar and run summary (not the loggers)
+            self.log(k, v, logger=False, batch_size=1, prog_bar=k == "train/loss")
         return row
 
     @torch.no_grad()
@@ -217,12 +230,32 @@ class LitModel(L.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         opt = build_optimizer(self.model, self.cfg.optim)
         fn = lookup("schedule", self.cfg.schedule.name)
-        lam = functools.partial(fn, cfg=self.cfg.schedule, max_steps=self.cfg.trainer.max_steps)
+        max_steps = self.cfg.trainer.max_steps
+        lam = functools.partial(fn, cfg=resolved(self.cfg.schedule, max_steps),
+                                max_steps=max_steps)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def on_train_start(self) -> None:
+        """The learning rate of the next step from this run's schedule. A resume restores the
+        optimizer's rate as the checkpoint's schedule left it; with another
+        ``trainer.max_steps`` that is the old length's, so the first resumed step would use
+        it. Recomputed here, every step of the resumed run has the rate a run of the new length
+        has at that step (the same value, bit for bit, when the length is unchanged)."""
+        for config in self.trainer.lr_scheduler_configs:
+            sched = config.scheduler
+            if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+                continue
+            lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
+            for group, lr in zip(sched.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            sched._last_lr = lrs
+
     # ------------------------------------------------------------------------- checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.best_rule is not None:  # this checkpoint, scored by its own step's row
+            row = self.last_row if self.last_row_step == self.global_step else {}
+            self.best = better_record(self.best, self.best_rule, self.global_step, row)
         rng = get_rng_state()
         ranks = [rng]
         if self.trainer.world_size > 1:  # every rank's generator (dropout differs per rank)
@@ -238,6 +271,7 @@ class LitModel(L.LightningModule):
             "skipped_steps": self.skipped_steps,
             "rng": ranks[0],
             "rng_ranks": ranks,
+            "best": self.best,  # the best checkpoint so far (kept; `<run>:best`)
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -245,6 +279,7 @@ class LitModel(L.LightningModule):
         self.batches_seen = int(meta.get("batches_seen", 0))
         self.tokens_seen = int(meta.get("tokens_seen", 0))
         self.skipped_steps = int(meta.get("skipped_steps", 0))
+        self.best = meta.get("best") if isinstance(meta.get("best"), dict) else None
         ranks = meta.get("rng_ranks") or []
         rank = self.trainer.global_rank if self._trainer is not None else 0
         world = self.trainer.world_size if self._trainer is not None else 1

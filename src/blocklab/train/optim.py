@@ -10,6 +10,7 @@ attribute states the optimizer's own rules (SGD: Nesterov needs momentum), run b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -105,6 +106,35 @@ class Lion(torch.optim.Optimizer):
 
 def lion(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
     return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+
+
+def warmup_steps(cfg: ScheduleConfig, max_steps: int) -> int:
+    """The warmup in steps: ``warmup_steps``, or ``warmup_ratio`` of ``max_steps`` rounded up
+    (HF's rule), so a run of any length warms up over the same share of it."""
+    if cfg.warmup_ratio is not None:
+        return math.ceil(cfg.warmup_ratio * max_steps)
+    return int(cfg.warmup_steps or 0)
+
+
+def resolved(cfg: ScheduleConfig, max_steps: int) -> ScheduleConfig:
+    """``cfg`` with the warmup in steps (``warmup_ratio`` resolved against ``max_steps``): what
+    every schedule function is given, a user's own included."""
+    return dataclasses.replace(cfg, warmup_steps=warmup_steps(cfg, max_steps), warmup_ratio=None)
+
+
+def warmup_warning(cfg: ScheduleConfig, max_steps: int, lr: float) -> str | None:
+    """A line when the warmup lasts the whole run (the learning rate then never reaches
+    ``optim.lr`` before the last step, and never decays); None otherwise. A warning, not a
+    refusal: smoke runs and tests train a few steps of a full run's schedule on purpose."""
+    steps = warmup_steps(cfg, max_steps)
+    if steps < max_steps or steps == 0:
+        return None
+    given = (f"schedule.warmup_ratio={cfg.warmup_ratio} ({steps} steps)"
+             if cfg.warmup_ratio is not None else f"schedule.warmup_steps={steps}")
+    return (f"warning: {given} >= trainer.max_steps={max_steps}: the whole run is warmup (the "
+            f"learning rate reaches optim.lr={lr:g} at the last step at the earliest and never "
+            "decays); set fewer schedule.warmup_steps, or schedule.warmup_ratio=0.05 "
+            "schedule.warmup_steps=null")
 
 
 def cosine(step: int, cfg: ScheduleConfig, max_steps: int) -> float:

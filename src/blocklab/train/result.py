@@ -11,7 +11,7 @@ from typing import Any
 
 class RunDir(type(Path())):  # type: ignore[misc]  # PosixPath / WindowsPath, whichever is native
     """A run directory. ``summary`` (summary.json: final metrics and the probe summary),
-    ``checkpoint`` (the newest valid checkpoint), ``config_path``, ``metrics_path`` (the newest
+    ``checkpoint`` (the newest valid checkpoint), ``best_checkpoint``, ``config_path``, ``metrics_path`` (the newest
     launch's metrics.csv). Read when asked, so the value stays right after a later resume."""
 
     @property
@@ -24,6 +24,13 @@ class RunDir(type(Path())):  # type: ignore[misc]  # PosixPath / WindowsPath, wh
         from blocklab.checkpoint import resolve
 
         return resolve(self)
+
+    @property
+    def best_checkpoint(self) -> Path:
+        """The best checkpoint (``<run>:best``, train/best.py), verified."""
+        from blocklab.checkpoint import BEST, resolve
+
+        return resolve(f"{self}{BEST}")
 
     @property
     def config_path(self) -> Path:

@@ -23,6 +23,7 @@ from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_tr
 from blocklab.eval.rundata import listing, record, sources_changed
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 from blocklab.runlock import run_lock, writable_dir
+from blocklab.train.best import cadence_warning, say
 from blocklab.train.flops import (  # noqa: F401  (re-exported: train.run.GPU_PEAK_FLOPS ...)
     GPU_PEAK_FLOPS,
     device_peak_flops,
@@ -30,6 +31,7 @@ from blocklab.train.flops import (  # noqa: F401  (re-exported: train.run.GPU_PE
     peak_flops_for,
 )
 from blocklab.train.metrics import reconcile
+from blocklab.train.optim import warmup_warning
 from blocklab.train.probing import final_probes, probe_callbacks
 from blocklab.train.result import RunDir
 from blocklab.train.resume import check_resume, open_target, resumed_config
@@ -88,6 +90,10 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
             init = apply_init_from(cfg, overrides or [])
         tc = validate_train(to_train_config(cfg))  # every key, before anything is written
         resume_from, old, run_dir = _target(tc, loaded)
+        if not ddp_child():
+            for line in (warmup_warning(tc.schedule, tc.trainer.max_steps, tc.optim.lr),
+                         cadence_warning(tc)):
+                say(line)
         from blocklab.data.streams import build_streams
 
         streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
@@ -234,6 +240,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
     from blocklab.train.callbacks import stop_reason
     from blocklab.train.loggers import close_loggers, log_final_checkpoint
     from blocklab.train.module import LitModel
+    from blocklab.train.summary import write_summary
 
     t = tc.trainer
     if t.threads:
@@ -277,7 +284,7 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
         probes = final_probes(tc, meta, lit, run_dir, trainer.global_step,
                                write=trainer.is_global_zero, loggers=trainer.loggers)
     if trainer.is_global_zero:
-        _summary(run_dir, trainer, lit, probes)
+        write_summary(run_dir, trainer.global_step, lit, probes)
         close_loggers(trainer.loggers)
     return run_dir
 
@@ -302,7 +309,7 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], resumed: ckpt
 
     from blocklab.train.callbacks import lightning_options, profiler, user_callbacks
     from blocklab.train.checkpoint_io import BlocklabCheckpointIO
-    from blocklab.train.metrics import DurableMetrics
+    from blocklab.train.metrics import DurableMetrics, StepRow
     from blocklab.train.preemption import Preemption
 
     t = tc.trainer
@@ -322,13 +329,15 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], resumed: ckpt
         num_nodes=t.num_nodes, precision=t.precision, max_steps=t.max_steps, max_epochs=-1,
         accumulate_grad_batches=t.accumulate,
         gradient_clip_val=tc.optim.grad_clip or None,
-        limit_val_batches=0,  # validation runs in DurableMetrics, before the step's checkpoint
+        limit_val_batches=0,  # validation runs in StepRow / DurableMetrics (train/metrics.py)
         log_every_n_steps=t.log_every_steps,
-        # DurableMetrics first: a step's row is on disk before any checkpoint of that step;
-        # early stopping and max_time (after it) read that row.
-        callbacks=[DurableMetrics(log_every=t.log_every_steps, val_every=t.val_every_steps,
-                                  accumulate=t.accumulate, max_steps=t.max_steps),
+        # StepRow first makes a step's row (early stopping reads it); DurableMetrics, after
+        # what may stop the run, validates its last step and writes the row before any
+        # checkpoint of that step.
+        callbacks=[StepRow(log_every=t.log_every_steps, val_every=t.val_every_steps,
+                           accumulate=t.accumulate, max_steps=t.max_steps),
                    *user_callbacks(tc.callbacks), *lightning_options(t, run_dir),
+                   DurableMetrics(max_steps=t.max_steps),
                    preemption, saver, *probe_callbacks(tc, meta, run_dir, all_ranks=sharded(t)),
                    *_progress(t.progress_bar)],
         logger=_loggers(tc, run_dir, meta),
@@ -372,27 +381,3 @@ def _progress(enabled: bool) -> list:
     from blocklab.train.callbacks import progress_bar
 
     return progress_bar(enabled)
-
-
-def _summary(run_dir: Path, trainer, lit, probes) -> None:
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    last = ckpt.list_checkpoints(run_dir)
-    info = {"run_dir": str(run_dir), "step": trainer.global_step,
-            "params": lit.meta.get("params"),
-            "tokens_seen": lit.tokens_seen, "metrics": metrics,
-            "probes": probes.summary if probes else None,
-            "last_checkpoint": str(last[-1]) if last else None}
-    (run_dir / "summary.json").write_text(json.dumps(info, indent=2))
-    print(f"\nrun directory   {run_dir}")
-    print(f"checkpoints     {run_dir / 'checkpoints'} (newest: {last[-1].name if last else '-'})")
-    print(f"config          {run_dir / 'config.yaml'}")
-    print(f"logs            {run_dir / 'logs'}")
-    for k in sorted(metrics):
-        print(f"{k:<15} {metrics[k]:.4g}")
-    if probes:
-        from blocklab.eval.report import format_report
-
-        print(f"\nprobes ({probes.summary['spec']}, held-out seed {lit.cfg.probes.seed}) on the final model:")
-        print(format_report(probes.summary, probes.cells))
-        for k, f in probes.files.items():
-            print(f"{k:<15} {f}")

@@ -1,0 +1,71 @@
+"""The end of a run: ``summary.json`` and the lines printed after training.
+
+Each metric is its last logged value *and the step it comes from* (``metric_steps``): every
+launch's rows (``logs/version_*/metrics.csv``, one row a step) with this launch's on top, so a
+resume that trained nothing new, or a metric not logged at the last step, still reports the
+number with its step, and the printout marks a number older than the run's last step. The best
+checkpoint (train/best.py) is named in both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from blocklab import checkpoint as ckpt
+from blocklab.plotting import finite_float, finite_int
+from blocklab.train.best import describe
+from blocklab.train.metrics import read_rows
+
+
+def latest_metrics(run_dir: Path, this_launch: dict[str, tuple[int, float]]
+                   ) -> dict[str, tuple[int, float]]:
+    """metric -> (step, value) of its newest logged row: the run's logs, then ``this_launch``
+    (what this process wrote: it holds the rows of a run without a CSV log, ``logger=none``)."""
+    out: dict[str, tuple[int, float]] = {}
+    for row in read_rows(run_dir):
+        step = finite_int(row.get("step"))
+        for name, cell in row.items():
+            value = finite_float(cell)
+            if step is None or value is None or name in ("step", "epoch"):
+                continue
+            if name not in out or step >= out[name][0]:
+                out[name] = (step, value)
+    for name, (step, value) in this_launch.items():
+        if name not in out or step >= out[name][0]:
+            out[name] = (step, value)
+    return out
+
+
+def write_summary(run_dir: Path, step: int, lit, probes) -> None:
+    """``summary.json`` and the printout: where everything is, each metric (marked with its
+    step when older than the last one), the best checkpoint, the final probes."""
+    latest = latest_metrics(run_dir, lit.latest)
+    last = ckpt.list_checkpoints(run_dir)
+    best = lit.best
+    best_path = run_dir / "checkpoints" / ckpt.best_name(best) if best else None
+    info = {"run_dir": str(run_dir), "step": step, "params": lit.meta.get("params"),
+            "tokens_seen": lit.tokens_seen,
+            "metrics": {k: v for k, (_, v) in sorted(latest.items())},
+            "metric_steps": {k: s for k, (s, _) in sorted(latest.items())},
+            "probes": probes.summary if probes else None,
+            "last_checkpoint": str(last[-1]) if last else None,
+            "best_checkpoint": {**best, "path": str(best_path)} if best else None}
+    (run_dir / "summary.json").write_text(json.dumps(info, indent=2))
+    print(f"\nrun directory   {run_dir}")
+    print(f"checkpoints     {run_dir / 'checkpoints'} (newest: {last[-1].name if last else '-'}"
+          f"; best: {describe(best)})")
+    if best:
+        print(f"best checkpoint {best_path} (blocklab-eval ckpt={run_dir}{ckpt.BEST})")
+    print(f"config          {run_dir / 'config.yaml'}")
+    print(f"logs            {run_dir / 'logs'}")
+    for k, (at, value) in sorted(latest.items()):
+        print(f"{k:<15} {value:.4g}" + (f" (step {at})" if at != step else ""))
+    if probes:
+        from blocklab.eval.report import format_report
+
+        print(f"\nprobes ({probes.summary['spec']}, held-out seed {lit.cfg.probes.seed}) on the final model:")
+        print(format_report(probes.summary, probes.cells))
+        for k, f in probes.files.items():
+            print(f"{k:<15} {f}")
+
