@@ -217,7 +217,7 @@ def objective_value(run_dir, name: str) -> float:
     if not summary.exists():  # a DDP child process: rank 0 writes the summary
         return math.nan
     value = json.loads(summary.read_text())["metrics"].get(name)
-    if value is None:  # e.g. val/loss in a run too short to validate: the run itself is fine
+    if value is None:  # e.g. a metric this run never logs (a typo): the run itself is fine
         print(f"warning: objective={name!r} is not a logged metric of this run; a sweeper "
               "sees NaN", file=sys.stderr)
         return math.nan

@@ -26,6 +26,7 @@ BOOKKEEPING: tuple[str, ...] = (
     "logger.", "probes.", "checkpoint_probes.",
     "trainer.max_steps", "trainer.progress_bar", "trainer.quiet", "trainer.log_every_steps",
     "trainer.val_every_steps", "trainer.ckpt_every_steps", "trainer.keep_checkpoints",
+    "trainer.keep_best", "trainer.best_monitor",
 )
 
 

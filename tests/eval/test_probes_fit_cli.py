@@ -106,3 +106,9 @@ def test_every_probe_plot_is_titled_with_the_run_and_the_model():
     tc.logger.run_name = None
     assert run_title({"run_dir": "/x/runs/r1"}, tc).startswith("shakespeare/r1 · ")
     assert run_title({"imported": "SmolLM2", "run_dir": "/x"}, tc).startswith("SmolLM2 · ")
+
+
+def test_eval_of_a_path_that_does_not_exist_writes_nothing(capfd, tmp_path):
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={tmp_path / 'nothing' / 'run'}", "probes=none")
+    assert r.returncode != 0 and "no such file or directory" in r.stderr
+    assert not (tmp_path / "nothing").exists()  # b861d22 made it, holding a .lock file

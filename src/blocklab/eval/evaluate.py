@@ -199,6 +199,8 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
         owner = contextlib.nullcontext(writable_dir(out, "out="))
     else:
         run_dir = ckpt.run_dir_of(target)
+        if not run_dir.is_dir():  # nothing there: its own error, and no lock file made
+            ckpt.read(target)
         owner = run_lock(writable_dir(run_dir, "run directory"), "eval")
     with owner:
         loaded = ckpt.read(target)

@@ -175,6 +175,8 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
         "versions": versions(), "git": git_info(), "run_dir": str(run_dir),
         "created": dt.datetime.now().isoformat(timespec="seconds"),
         "params": count_params(tc.model), "config_hash": config_hash(plain),
+        # where the run's relative paths are read from (a resume elsewhere keeps the first)
+        "cwd": (old or {}).get("cwd") or os.getcwd(),
     }
     if sources is not None:
         meta["data_sources"] = sources
