@@ -104,7 +104,13 @@ def add_note(fig: Any, note: str) -> None:
     constrained layout makes room for (the figure grows to hold it)."""
     if not note:
         return
-    w, h = fig.get_size_inches()
-    note = fit_text(note, w - 0.2, 7)
-    fig.set_size_inches(w, h + 0.15 * (note.count("\n") + 1))
+    note = fit_text(note, fig.get_size_inches()[0] - 0.2, 7)
+    grow_for(fig, note, 7)
     fig.supxlabel(note, x=0.01, ha="left", fontsize=7, color="#444444")
+
+
+def grow_for(fig: Any, text: str, fontsize: float) -> None:
+    """Make the figure taller by the height of ``text``'s lines (a wrapped title or note), so
+    the constrained layout keeps room for the axes."""
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w, h + (text.count("\n") + 1) * fontsize * 1.35 / 72)

@@ -59,8 +59,12 @@ def test_the_loss_on_another_corpus_is_the_models_loss_on_that_text(text_run, tm
     other = lines(9, seed=11)
     f = write(tmp_path / "other.txt", "\n".join(other))
     out = tmp_path / "out"
-    got = evaluated(run_cli(capfd, "blocklab-eval", f"ckpt={text_run}", f"data.files=[{f}]",
-                            "data.documents=line", "probes=none", f"out={out}"))
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={text_run}", f"data.files=[{f}]",
+                "data.documents=line", "probes=none", f"out={out}")
+    got = evaluated(r)
+    # never a silent phase: reading the corpus, then its batches counted (b861d22: no output)
+    assert f"eval: reading data.files=[{f}] with the checkpoint's tokenizer" in r.stderr
+    assert "eval: loss over 9 sequences of up to 32 tokens: batches 0/" in r.stderr
     expected, targets = direct_nll(model, pieces(documents(tok, other), 33))  # run's seq_len
     assert float(got["loss"]) == pytest.approx(expected, abs=1e-4)  # printed to 4 decimals
     assert int(got["tokens"].replace(",", "")) == targets

@@ -26,6 +26,7 @@ from blocklab.plotting import (
     finite_float,
     finite_int,
     fit_text,
+    grow_for,
     new_figure,
     no_data,
     plain_log_axis,
@@ -263,7 +264,9 @@ def panels_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label:
         ax.set_title(subtitle, fontsize=10)
 
     fig.colorbar(image, ax=list(axes), label="accuracy", shrink=0.9, pad=0.02)
-    fig.suptitle(fit_text(title, fig.get_size_inches()[0], 12), fontsize=12)
+    title = fit_text(title, fig.get_size_inches()[0], 12)
+    grow_for(fig, title, 12)
+    fig.suptitle(title, fontsize=12)
     add_note(fig, cells_note(rows))
     return fig
 
@@ -309,8 +312,10 @@ def grid_figure(cells: Iterable[Cell], *, probe: str, row_key: str, row_label: s
     ax.set_ylabel(row_label)
     _mark_train_length(ax, lengths, train_length, n_rows)
     fig.colorbar(image, ax=ax, label="accuracy", shrink=0.9, pad=0.02)
-    ax.set_title(fit_text(f"{heading}\n{title}" if title else heading,
-                          fig.get_size_inches()[0] * 0.75, 10), fontsize=10)
+    heading = fit_text(f"{heading}\n{title}" if title else heading,
+                       fig.get_size_inches()[0] * 0.75, 10)
+    grow_for(fig, heading, 10)
+    ax.set_title(heading, fontsize=10)
     add_note(fig, cells_note(rows))
     return fig
 
