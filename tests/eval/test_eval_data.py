@@ -64,8 +64,9 @@ def test_the_loss_on_another_corpus_is_the_models_loss_on_that_text(text_run, tm
     got = evaluated(r)
     # never a silent phase: reading the corpus, then its batches counted (b861d22: no output)
     assert f"eval: reading data.files=[{f}] with the checkpoint's tokenizer" in r.stderr
-    assert "eval: loss over 9 sequences of up to 32 tokens: batches 0/" in r.stderr
-    expected, targets = direct_nll(model, pieces(documents(tok, other), 33))  # run's seq_len
+    seqs = pieces(documents(tok, other), 33)  # the run's seq_len + 1
+    assert f"eval: loss over {len(seqs)} sequences of up to 32 tokens: batches 0/" in r.stderr
+    expected, targets = direct_nll(model, seqs)
     assert float(got["loss"]) == pytest.approx(expected, abs=1e-4)  # printed to 4 decimals
     assert int(got["tokens"].replace(",", "")) == targets
     assert got["data"] == f"data.files=[{f}]"

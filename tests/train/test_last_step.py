@@ -98,7 +98,8 @@ def test_a_resume_validates_its_new_last_step_and_compare_shows_it(tmp_path, cap
 def test_a_run_resumed_from_a_final_validation_equals_the_uninterrupted_one(tmp_path, capfd):
     """Step 6 is validated only because it ended the first launch; dropout on, so a validation
     that drew from the global generators would shift every later step's dropout masks."""
-    args = [*SMOKE, "trainer.log_every_steps=1", "model.dropout=0.1", "trainer.ckpt_every_steps=6"]
+    args = [*SMOKE, "trainer.log_every_steps=1", "model.dropout=0.1", "trainer.ckpt_every_steps=6",
+            "schedule.min_lr_ratio=1.0"]  # a learning rate that does not depend on max_steps
     straight, run = tmp_path / "straight", tmp_path / "run"
     r = run_cli(capfd, "blocklab-train", *args, "trainer.max_steps=12", f"run_dir={straight}")
     assert r.returncode == 0, r.stderr[-3000:]

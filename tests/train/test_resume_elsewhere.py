@@ -27,12 +27,12 @@ ARGS = ["data=text_files", "data.files=[corpus]", "data.cache_dir=cache", "token
 def test_the_directory_a_run_was_started_in():
     from blocklab.data.relocate import run_origin
 
-    assert run_origin({"run_dir": "runs/x"}, "/home/u/proj/runs/x") == Path("/home/u/proj")
-    assert run_origin({"run_dir": "./runs/x"}, "/home/u/proj/other/../runs/x") == \
-        Path("/home/u/proj")
-    assert run_origin({"run_dir": "runs/x", "cwd": "/a"}, "/home/u/proj/runs/x") == Path("/a")
-    for stored, now in (("runs/x", "/home/u/proj/runs/y"), ("/abs/runs/x", "/abs/runs/x"),
-                        ("../runs/x", "/home/u/runs/x"), (None, "/a/b")):
+    assert run_origin({"run_dir": "runs/x"}, "/srv/proj/runs/x") == Path("/srv/proj")
+    assert run_origin({"run_dir": "./runs/x"}, "/srv/proj/other/../runs/x") == \
+        Path("/srv/proj")
+    assert run_origin({"run_dir": "runs/x", "cwd": "/a"}, "/srv/proj/runs/x") == Path("/a")
+    for stored, now in (("runs/x", "/srv/proj/runs/y"), ("/abs/runs/x", "/abs/runs/x"),
+                        ("../runs/x", "/srv/runs/x"), (None, "/a/b")):
         assert run_origin({"run_dir": stored}, now) is None, stored
 
 

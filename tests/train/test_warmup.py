@@ -41,7 +41,7 @@ def _validated(*overrides: str) -> TrainConfig:
 @pytest.mark.parametrize(("overrides", "key", "words"), [
     (["schedule.warmup_ratio=0.1"], "schedule.warmup_ratio=0.1",
      ("set one of schedule.warmup_steps and schedule.warmup_ratio, not both",
-      "schedule.warmup_steps=100", "schedule.warmup_steps=null")),
+      "schedule.warmup_steps=2", "schedule.warmup_steps=null")),
     (["schedule.warmup_steps=null"], "schedule.warmup_steps=None",
      ("set one of schedule.warmup_steps and schedule.warmup_ratio",)),
     (["schedule.warmup_ratio=1.0", "schedule.warmup_steps=null"], "schedule.warmup_ratio=1.0",
@@ -80,7 +80,7 @@ def test_the_warning_comes_before_the_run_and_a_ratio_silences_it(tmp_path, capf
     r = run_cli(capfd, "blocklab-train", *SMOKE, "trainer.max_steps=2", f"out_root={tmp_path / 'a'}")
     assert r.returncode == 0, r.stderr[-3000:]
     (line,) = [ln for ln in r.stderr.splitlines() if "the whole run is warmup" in ln]
-    assert line.startswith("warning: schedule.warmup_steps=100 >= trainer.max_steps=2")
+    assert line.startswith("warning: schedule.warmup_steps=2 >= trainer.max_steps=2")  # smoke: 2
     r = run_cli(capfd, "blocklab-train", *SMOKE, "trainer.max_steps=2",
                 "schedule.warmup_ratio=0.5", "schedule.warmup_steps=null",
                 f"out_root={tmp_path / 'b'}")

@@ -6,8 +6,8 @@ the training was started in. Resumed or evaluated from another working directory
 names another file (or none). :func:`relocate` resolves each relative path the run stored that
 is missing from here against the run's *directory of origin* (:func:`run_origin`): the
 directory recorded with the run (``cwd`` in its metadata, where recorded), else the one its
-stored relative ``run_dir`` says (``runs/x`` found at ``/home/u/proj/runs/x`` was started in
-``/home/u/proj``). What it finds there is used by its absolute path (said in a note); the
+stored relative ``run_dir`` says (``runs/x`` found at ``/srv/proj/runs/x`` was started in
+``/srv/proj``). What it finds there is used by its absolute path (said in a note); the
 data fingerprint, which reads resolved paths, is unchanged, so the resume stays exact. A path
 found nowhere is refused in one line naming the key, the value, both directories and the
 override that names the data's location now."""
