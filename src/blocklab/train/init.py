@@ -3,8 +3,8 @@ trained), a Hugging Face model directory or hub id, or a GGUF file.
 
 The architecture comes from the source. On top of it only changes that keep every weight
 meaningful are allowed (dropout, rotary scaling for context extension, the rope base, the
-context length of a scheme without a position table); any other ``model.*`` override is refused
-with every differing key listed, as resume does. The source's tokenizer is the run's tokenizer
+context length where no weight is sized by it — shapes compared, not scheme names); any other
+``model.*`` override is refused with every differing key listed, as resume does. The source's tokenizer is the run's tokenizer
 unless the command line names one, which must then have the same vocabulary and special ids.
 The optimizer starts fresh; the run directory is new; the source is recorded in the metadata.
 """
@@ -97,19 +97,41 @@ def apply_init_from(cfg: DictConfig, overrides: list[str]) -> InitSource:
     plain_new = OmegaConf.to_container(new, enum_to_str=True)
     diff = config_diff({"model": source.model}, {"model": plain_new})
     bad = [d for d in diff if d[0] not in COMPATIBLE]
-    learned = source.model.get("position", {}).get("name") == "learned"
-    bad += [d for d in diff if d[0] == "model.max_seq_len" and learned]
     if bad:
         lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in bad)
         raise ConfigError(f"init_from refused: incompatible with the source's architecture "
                           f"({len(bad)} keys): {lines} (allowed on top: dropout, rope scaling "
-                          "and base, max_seq_len without a learned table)")
+                          "and base, a max_seq_len that sizes no weight)")
     with open_dict(cfg):
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), new)
+    if diff:  # allowed keys changed: they must leave every weight's shape as it is
+        _refuse_reshaped(source, OmegaConf.to_object(cfg.model), diff)
         if not tok_keys:
             cfg.tokenizer = OmegaConf.merge(cfg.tokenizer, _tokenizer_config(source, cfg))
     print(loaded_line(source), file=sys.stderr)
     return source
+
+
+def _refuse_reshaped(source: InitSource, target: ModelConfig, diff: list) -> None:
+    """Refuse, in one line naming the changed keys, a change that resizes a weight (a learned
+    position table, a long convolution's filter, ... sized by ``model.max_seq_len``): the
+    target is built on the meta device (no memory) and its parameter shapes are compared with
+    the source's, whatever the component that owns them."""
+    import torch
+
+    from blocklab.model.transformer import build_model
+
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in build_model(target).state_dict().items()}
+    moved = [(k, tuple(t.shape), shapes[k]) for k, t in source.state.items()
+             if k in shapes and tuple(t.shape) != shapes[k]]
+    if moved:
+        keys = ", ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff)
+        name, was, now = moved[0]
+        more = f" and {len(moved) - 1} more" if len(moved) > 1 else ""
+        raise ConfigError(f"init_from refused: {keys} changes the shape of {name} "
+                          f"({list(was)} in the source, {list(now)} here){more}; keep the "
+                          "source's value (the weights cannot be loaded into other shapes)")
 
 
 def loaded_line(source: InitSource) -> str:
