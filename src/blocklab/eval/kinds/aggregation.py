@@ -101,6 +101,7 @@ def text_aggregation_cells(b: TextBuilder, spec: ProbeSpec, train_length: int,
                                     chance=1 / len(b.words)))
     return cells
 
+
 def _aggregation(b: TextBuilder, rng: random.Random, *, key: dict[str, Any], margin: int,
                  n_words: int, length: int) -> ProbeItem:
     words = rng.sample(b.words, n_words)  # words[0] wins: a random word

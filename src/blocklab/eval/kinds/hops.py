@@ -105,6 +105,7 @@ def text_hops_cells(b: TextBuilder, spec: ProbeSpec, train_length: int,
                                     copy_any_value=1 / chains, chance=1 / len(VALUES)))
     return cells
 
+
 def _names(b: TextBuilder, rng: random.Random, n: int) -> list[str]:
     """``n`` distinct names of five random capitals, none occurring in the haystack."""
     names: list[str] = []
@@ -113,6 +114,7 @@ def _names(b: TextBuilder, rng: random.Random, n: int) -> list[str]:
         if name not in names and "VAR" not in name and name not in b.hay_text:
             names.append(name)
     return names
+
 
 def _hops(b: TextBuilder, rng: random.Random, *, key: dict[str, Any], hops: int, chains: int,
           length: int) -> ProbeItem:
