@@ -172,10 +172,11 @@ def test_the_rules_use_the_synthetic_tasks_own_facts():
     the schema's task weights are the tasks."""
     from blocklab import config
     from blocklab.data import synthetic
+    from blocklab.data.tasks import TASKS, needle
 
     assert synthetic.FILLERS is config.FILLERS
-    assert synthetic.needle_min_length is config.needle_min_length
-    assert {f.name for f in dataclasses.fields(config.TaskWeights)} == set(synthetic.TASKS)
+    assert needle.needle_min_length is config.needle_min_length
+    assert {f.name for f in dataclasses.fields(config.TaskWeights)} == set(TASKS)
 
 
 # ------------------------------------------------------------------------------- evaluation

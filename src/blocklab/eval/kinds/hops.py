@@ -10,9 +10,10 @@ import string
 from functools import partial
 from typing import Any
 
-from blocklab.config import HopsProbeConfig, ProbeSpec
+from blocklab.config import HopsProbeConfig, ProbeSpec, multihop_min_length
 from blocklab.config.checks import require
 from blocklab.data import synthetic as syn
+from blocklab.data.tasks.multihop import multihop
 from blocklab.eval import textspace
 from blocklab.eval.aggregate import depth_view, grid_summary
 from blocklab.eval.items import (
@@ -47,7 +48,7 @@ def hops_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
     c = p.distractor_chains
     cells = []
     for h in p.hops:
-        need = syn.multihop_min_length(h, c)
+        need = multihop_min_length(h, c)
         for length in lengths_of(p.lengths, train_length):
             key = {"probe": NAME, "variant": f"{h} hops", "hops": h, "length": length}
             na = fits(length, max_length)
@@ -58,7 +59,7 @@ def hops_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
             if na is None:
                 salt = f"probe:hops:{h}:{c}:{length}"
                 for i in range(p.n):
-                    ex = syn.multihop(syn.example_rng(spec.seed, i, salt), vocab, length,
+                    ex = multihop(syn.example_rng(spec.seed, i, salt), vocab, length,
                                       hops=h, distractor_chains=c,
                                       filler=FILLER_CYCLE[i % len(FILLER_CYCLE)], seed=spec.seed)
                     m = ex.meta
