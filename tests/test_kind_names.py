@@ -33,11 +33,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "blocklab"
 # Modules of the training-task axis (data.tasks.*, the synthetic generators and the mixture),
 # and the words of it that coincide with a probe kind's name.
 TASK_AXIS = {
-    "data/synthetic.py": {"needle", "hops"},  # TASKS["needle"]; multihop's meta key "hops"
-    "data/mixture.py": {"needle"},  # the needle task's distractor setting
+    "data/tasks/__init__.py": {"needle"},  # TASKS["needle"]
+    "data/tasks/needle.py": {"needle"},  # the needle task's name and its examples' meta
+    "data/tasks/multihop.py": {"hops"},  # multihop's meta key "hops"
     "config/validate_data.py": {"needle"},  # rules of the data.tasks.needle task
     "config/facts.py": {"needle"},  # distinct keys a needle-task sequence draws
-    "repro/measure.py": {"needle"},  # syn.needle: the task generator, not the probe kind
 }
 # Other places that say a kind's word on purpose, with the reason.
 ALLOWED = {

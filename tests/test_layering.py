@@ -1,6 +1,11 @@
-"""The package stands on floors: a module imports only from its own floor or below (imports
-inside functions count too), evaluation never imports training, no private name crosses a
-package boundary, and the floor under everything imports no torch."""
+"""The package stands on floors: a module imports only from its own floor or below, evaluation
+never imports training, no private name crosses a package boundary, and the floor under
+everything imports no torch.
+
+Every import statement counts wherever it is — at the top of a module or inside a function
+(an import put inside a function still reaches that floor, only later) — and blocklab's Hydra
+launchers (``src/hydra_plugins/blocklab_launchers``, the unit ``launchers``) are on the sweep
+layer's floor, so a call-time import of them from a lower floor is caught too."""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import pytest
 from inprocess import SAFETY_S
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "blocklab"
+LAUNCHERS = SRC.parent / "hydra_plugins" / "blocklab_launchers"
+LAUNCHERS_MODULE = "hydra_plugins.blocklab_launchers"
 
 # Floor of each top-level module or package of blocklab (docs/design.md, "Layout").
 FLOORS = {
@@ -24,30 +31,39 @@ FLOORS = {
     "model": 3, "data": 3,
     "objectives": 4, "checkpoint": 4,
     "eval": 5, "train": 5, "compare": 5, "convert": 5, "sample": 5,
-    "sweep": 6, "repro": 6,
+    "sweep": 6, "repro": 6, "launchers": 6,
     "cli": 7,
 }
 # Same-floor imports that are allowed: training runs the probe callback and the probe runner.
 # Training starts from a pretrained source (init_from) through the converters. The atomic
 # directory writer fires its fault points.
-SIDEWAYS = {("train", "eval"), ("train", "convert"), ("files", "faults")}
+# blocklab's launchers record a dead job through the sweep layer.
+SIDEWAYS = {("train", "eval"), ("train", "convert"), ("files", "faults"), ("launchers", "sweep")}
 
 
 def _unit(path: Path) -> str:
+    if path.is_relative_to(LAUNCHERS):
+        return "launchers"
     return path.relative_to(SRC).parts[0].removesuffix(".py")
 
 
-def _imports(path: Path) -> list[tuple[str, list[str], int]]:
-    """(imported blocklab unit, imported names, line) for every import in the file."""
+def _imports_in(tree: ast.AST) -> list[tuple[str, list[str], int]]:
+    """(imported unit, imported names, line) for every import anywhere in ``tree`` — module
+    level and inside functions, classes, ``try`` and ``if`` blocks alike (``ast.walk``)."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] == "blocklab" and len(parts) > 1:
+                if alias.name == LAUNCHERS_MODULE or alias.name.startswith(LAUNCHERS_MODULE + "."):
+                    out.append(("launchers", [], node.lineno))
+                elif parts[0] == "blocklab" and len(parts) > 1:
                     out.append((parts[1], [], node.lineno))
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             parts = node.module.split(".")
+            if node.module == LAUNCHERS_MODULE or node.module.startswith(LAUNCHERS_MODULE + "."):
+                out.append(("launchers", [a.name for a in node.names], node.lineno))
+                continue
             if parts[0] != "blocklab":
                 continue
             names = [a.name for a in node.names]
@@ -58,18 +74,28 @@ def _imports(path: Path) -> list[tuple[str, list[str], int]]:
     return out
 
 
-FILES = sorted(p for p in SRC.rglob("*.py") if _unit(p) != "__init__")
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(imported unit, imported names, line) for every import in the file."""
+    return _imports_in(ast.parse(path.read_text()))
+
+
+FILES = sorted(p for p in [*SRC.rglob("*.py"), *LAUNCHERS.rglob("*.py")]
+               if _unit(p) != "__init__")
 
 
 def test_every_module_has_a_floor():
     assert {_unit(p) for p in FILES} <= set(FLOORS), {_unit(p) for p in FILES} - set(FLOORS)
 
 
-@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC.parent)))
 def test_imports_go_down_never_up_or_sideways(path):
-    here = _unit(path)
+    bad = _violations(_unit(path), _imports(path))
+    assert not bad, "\n".join(bad)
+
+
+def _violations(here: str, imports: list[tuple[str, list[str], int]]) -> list[str]:
     bad = []
-    for there, names, line in _imports(path):
+    for there, names, line in imports:
         if there == here or there == "__init__":
             continue
         up = FLOORS[there] > FLOORS[here]
@@ -80,7 +106,18 @@ def test_imports_go_down_never_up_or_sideways(path):
         private = [n for n in names if n.startswith("_") and not n.startswith("__")]
         if private:
             bad.append(f"line {line}: private names {private} imported across packages")
-    assert not bad, "\n".join(bad)
+    return bad
+
+
+def test_an_import_inside_a_function_counts():
+    """Negative control: the config floor reaching the launchers or the sweep layer at call
+    time (what ``compose`` once did) is caught, as is the same import at the top."""
+    tree = ast.parse("def compose():\n"
+                     "    from hydra_plugins.blocklab_launchers import register\n"
+                     "    import blocklab.sweep\n")
+    assert _violations("config", _imports_in(tree)) == [
+        "line 2: config (floor 2) imports launchers (floor 6)",
+        "line 3: config (floor 2) imports sweep (floor 6)"]
 
 
 def test_eval_never_imports_train():

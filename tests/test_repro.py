@@ -10,9 +10,12 @@ import math
 import pytest
 
 from blocklab.data import synthetic as syn
+from blocklab.data.tasks.mqar import mqar
 from blocklab.repro import checks as ck
 from blocklab.repro import experiments as ex
 from blocklab.repro import measure as ms
+from blocklab.repro import protocol as pr
+from blocklab.repro.experiments.mqar import elimination_line
 from blocklab.repro.runner import run_key, with_lr
 from inprocess import SAFETY_S
 
@@ -55,8 +58,8 @@ def test_at_chance_and_close() -> None:
 
 
 def test_elimination_line() -> None:
-    assert ex.elimination_line(1) == 1.0
-    assert math.isclose(ex.elimination_line(4), (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+    assert elimination_line(1) == 1.0
+    assert math.isclose(elimination_line(4), (1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
 
 
 def test_recall_at_gap_layout() -> None:
@@ -76,7 +79,7 @@ def test_recall_at_gap_layout() -> None:
 def test_mqar_spread_layout_and_distances() -> None:
     vocab = syn.Vocab()
     for i in range(30):
-        e = syn.mqar(syn.example_rng(0, i, "t"), vocab, 64, pairs=4)
+        e = mqar(syn.example_rng(0, i, "t"), vocab, 64, pairs=4)
         assert len(e.tokens) == 64 and sum(e.targets) == 4
         pairs = dict(zip(e.tokens[1:9:2], e.tokens[2:9:2]))
         answers = [t for t, on in enumerate(e.targets) if on]
@@ -86,7 +89,7 @@ def test_mqar_spread_layout_and_distances() -> None:
             assert e.tokens[t - 2] == syn.SEP and e.tokens[t] == pairs[e.tokens[t - 1]]
             assert e.tokens[t - d] == e.tokens[t]  # the distance points at the stored value
     with pytest.raises(ValueError, match="need length"):
-        syn.mqar(syn.example_rng(0, 0), vocab, 20, pairs=4)
+        mqar(syn.example_rng(0, 0), vocab, 20, pairs=4)
 
 
 def test_mqar_zoology_layout_is_the_papers() -> None:
@@ -96,7 +99,7 @@ def test_mqar_zoology_layout_is_the_papers() -> None:
     vocab = syn.Vocab(n_filler=4, n_keys=32, n_values=32)
     for i in range(40):
         n, length = (4, 64) if i % 2 else (16, 256)
-        e = syn.mqar(syn.example_rng(0, i, "z"), vocab, length, pairs=n, layout="zoology")
+        e = mqar(syn.example_rng(0, i, "z"), vocab, length, pairs=n, layout="zoology")
         assert len(e.tokens) == length == len(e.targets) and sum(e.targets) == n
         keys, values = e.tokens[0:2 * n:2], e.tokens[1:2 * n:2]
         assert set(keys) <= set(vocab.keys) and set(values) <= set(vocab.values)
@@ -112,7 +115,7 @@ def test_mqar_zoology_layout_is_the_papers() -> None:
         assert {e.tokens[j] for j in range(2 * n, length) if j not in queried} == {
             vocab.filler[0]}
     with pytest.raises(ValueError, match="need length >= 16"):
-        syn.mqar(syn.example_rng(0, 0), vocab, 15, pairs=4, layout="zoology")
+        mqar(syn.example_rng(0, 0), vocab, 15, pairs=4, layout="zoology")
 
 
 def test_mqar_zoology_query_slots_follow_the_power_law() -> None:
@@ -125,7 +128,7 @@ def test_mqar_zoology_query_slots_follow_the_power_law() -> None:
     weights = [(g + 1) ** (0.01 - 1) for g in range(slots)]
     counts = [0] * slots
     for i in range(draws):
-        e = syn.mqar(syn.example_rng(1, i, "p"), vocab, length, pairs=1, layout="zoology")
+        e = mqar(syn.example_rng(1, i, "p"), vocab, length, pairs=1, layout="zoology")
         counts[(e.targets.index(True) - 2) // 2] += 1
     for g in range(8):
         p = weights[g] / sum(weights)
@@ -192,7 +195,7 @@ def test_breaks_change_an_arm_and_reuse_runs() -> None:
     already trained (same cache key) and the check that separates the two arms must fail --
     unless it is a defect of training itself (``training_breaks``: new runs,
     tests/test_repro_shakespeare.py)."""
-    for name in ex.NAMES:
+    for name in ex.names():
         exp = ex.experiment(name, "quick")
         arms = exp.sizes["quick"].arms
         keys = {run_key(a, 0) for a in arms}
@@ -217,8 +220,8 @@ def test_protocols_compose_and_validate() -> None:
     from blocklab.repro.runner import RUN_DEFAULTS
     from blocklab.train.run import to_train_config
 
-    for name in ex.NAMES:
-        for size in ex.SIZES:
+    for name in ex.names():
+        for size in pr.SIZES:
             arms = ex.experiment(name, size).sizes[size].arms
             # a swept arm composed at its first rate (the others differ in optim.lr alone)
             for arm in [with_lr(a, a.sweep.lrs[0]) if a.sweep else a for a in arms]:
@@ -258,18 +261,18 @@ def _fake_runs(monkeypatch, values: dict[float, float | None]) -> list[float]:
 
 
 @pytest.mark.parametrize(("values", "sweep", "chosen", "tried"), [
-    ({1e-3: 0.5, 3e-3: 0.9, 3e-4: 0.7}, ex.Sweep((1e-3, 3e-3, 3e-4)), 3e-3, 3),
-    ({1e-3: 0.9, 3e-3: 0.9, 3e-4: 0.7}, ex.Sweep((1e-3, 3e-3, 3e-4)), 1e-3, 3),  # tie: earlier
-    ({1e-3: None, 3e-3: 0.2, 3e-4: None}, ex.Sweep((1e-3, 3e-3, 3e-4)), 3e-3, 3),
-    ({1e-3: 0.5, 3e-3: 0.995, 3e-4: 1.0}, ex.Sweep((1e-3, 3e-3, 3e-4), enough=0.99), 3e-3, 2),
-    ({1e-3: 0.5, 3e-3: 0.9, 3e-4: 0.7}, ex.Sweep((1e-3, 3e-3, 3e-4), mode="min"), 1e-3, 3),
+    ({1e-3: 0.5, 3e-3: 0.9, 3e-4: 0.7}, pr.Sweep((1e-3, 3e-3, 3e-4)), 3e-3, 3),
+    ({1e-3: 0.9, 3e-3: 0.9, 3e-4: 0.7}, pr.Sweep((1e-3, 3e-3, 3e-4)), 1e-3, 3),  # tie: earlier
+    ({1e-3: None, 3e-3: 0.2, 3e-4: None}, pr.Sweep((1e-3, 3e-3, 3e-4)), 3e-3, 3),
+    ({1e-3: 0.5, 3e-3: 0.995, 3e-4: 1.0}, pr.Sweep((1e-3, 3e-3, 3e-4), enough=0.99), 3e-3, 2),
+    ({1e-3: 0.5, 3e-3: 0.9, 3e-4: 0.7}, pr.Sweep((1e-3, 3e-3, 3e-4), mode="min"), 1e-3, 3),
 ])
 def test_a_sweep_measures_the_rate_best_on_validation(tmp_path, monkeypatch, values, sweep,
                                                       chosen, tried):
     from blocklab.repro.runner import train_sweep
 
     trained = _fake_runs(monkeypatch, values)
-    arm = ex.Arm("a", ("model.n_layers=2",), sweep=sweep)
+    arm = pr.Arm("a", ("model.n_layers=2",), sweep=sweep)
     run_dir, n, entry = train_sweep(arm, sweep, 0, tmp_path, experiment="x", log=lambda s: None)
     assert trained == list(sweep.lrs[:tried]) and n == tried
     assert run_dir == tmp_path / "runs" / f"{run_key(with_lr(arm, chosen), 0)}-seed0"
@@ -283,14 +286,14 @@ def test_a_swept_experiment_reports_every_rate_and_measures_the_chosen_run(tmp_p
     from blocklab.repro.runner import run, table
 
     _fake_runs(monkeypatch, {1e-3: 0.5, 3e-3: 0.9})
-    arm = ex.Arm("a", ("model.n_layers=2",), sweep=ex.Sweep((1e-3, 3e-3)))
+    arm = pr.Arm("a", ("model.n_layers=2",), sweep=pr.Sweep((1e-3, 3e-3)))
     measured = []
 
     def measure(run_dir, arm):
         measured.append(run_dir)
         return {"accuracy": ms.Tally(9, 10)}
 
-    exp = ex.Experiment("x", "X", "ref", "protocol", {"quick": ex.Protocol(
+    exp = pr.Experiment("x", "X", "ref", "protocol", {"quick": pr.Protocol(
         (arm,), (ck.AtLeast("a", "accuracy", 0.8),))}, measure)
     outcome = run(exp, size="quick", seeds=2, root=tmp_path, log=lambda s: None)
     assert outcome.passed and outcome.trained == 4
@@ -302,7 +305,7 @@ def test_a_swept_experiment_reports_every_rate_and_measures_the_chosen_run(tmp_p
 
 
 def test_the_recall_state_figure_plots_every_measured_arm(tmp_path) -> None:
-    from blocklab.repro.recall import RECALL_STATE, figure
+    from blocklab.repro.experiments.recall_state import RECALL_STATE, figure
     from blocklab.repro.runner import Outcome
 
     arms = RECALL_STATE.sizes["full"].arms
@@ -322,7 +325,7 @@ def test_the_recall_state_figure_plots_every_measured_arm(tmp_path) -> None:
 def test_recall_state_arms_differ_only_in_the_mixer_within_a_cell() -> None:
     """Every arm of a cell trains the same data, depth, width and budget: the mixer (its
     positions and head count) is the only difference; each state size is its own arm."""
-    from blocklab.repro.recall import CELLS, RECALL_STATE
+    from blocklab.repro.experiments.recall_state import CELLS, RECALL_STATE
 
     for size in ("quick", "full"):
         arms = RECALL_STATE.sizes[size].arms
@@ -344,7 +347,7 @@ def test_cli_usage_errors_and_list(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     main(["--list"])
     out = capsys.readouterr().out
-    for name in ex.NAMES:
+    for name in ex.names():
         assert name in out
     assert "--break one-layer" in out and "--break window-ignored" in out
     for argv, code, message in ((["mqar", "--break", "nothing"], 2,
@@ -393,7 +396,7 @@ def test_quick_protocols_pass_and_their_breaks_fail(tmp_path, group) -> None:
 def test_the_quick_groups_cover_every_experiment_once() -> None:
     # shakespeare_char: tests/test_repro_shakespeare.py (its breaks train runs of their own)
     names = [name for group in QUICK_GROUPS for name in group] + ["shakespeare_char"]
-    assert sorted(names) == sorted(ex.NAMES)
+    assert sorted(names) == sorted(ex.names())
 
 
 @pytest.mark.slow

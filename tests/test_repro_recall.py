@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.repro import measure as ms
-from blocklab.repro.recall import (
+from blocklab.repro.experiments.recall_state import (
     IDENTITY_MAP,
     RECALL_STATE,
     TIME_INVARIANT,
@@ -170,7 +170,7 @@ def test_the_flip_flop_row_trains_the_task_and_is_measured_beyond_its_gaps(monke
     from types import SimpleNamespace
 
     from blocklab.data.synthetic import Vocab
-    from blocklab.repro import recall
+    from blocklab.repro.experiments import recall_state as recall
 
     arm = recall.flip_flop_arm()
     assert arm in RECALL_STATE.sizes["full"].arms and arm not in RECALL_STATE.sizes["quick"].arms
@@ -208,7 +208,7 @@ def test_each_full_row_trains_with_one_head_and_its_family_s_rates() -> None:
     The built models agree with the overrides."""
     from blocklab.model.attention import SoftmaxAttention
     from blocklab.model.linear import LinearAttention
-    from blocklab.repro.recall import RECURRENT_SWEEP, SSM_SWEEP, SWEEP
+    from blocklab.repro.experiments.recall_state import RECURRENT_SWEEP, SSM_SWEEP, SWEEP
 
     for arm in RECALL_STATE.sizes["full"].arms:
         if arm.name.endswith(" flip-flop"):

@@ -10,8 +10,9 @@ import torch
 
 from blocklab import registry
 from blocklab.repro import experiments as ex
-from blocklab.repro import shakespeare as sh
+from blocklab.repro import protocol as pr
 from blocklab.repro import text as tx
+from blocklab.repro.experiments import shakespeare_char as sh
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def test_protocols_and_breaks(unregisters_the_break_mixer):
     changes the arm's training (new runs: listed as training breaks) and still validates."""
     from blocklab.repro.runner import run_key
 
-    for size in ex.SIZES:
+    for size in pr.SIZES:
         exp = ex.experiment("shakespeare_char", size)
         (arm,) = exp.sizes[size].arms
         assert arm.overrides[0] == "experiment=shakespeare_char"

@@ -162,7 +162,9 @@ def test_more_rules_name_key_value_and_rule(overrides, key, word):
 def test_shipped_configs_validate(overrides):
     from blocklab.config import validate_train
     from blocklab.train.run import to_train_config
+    from hydra_plugins.blocklab_launchers import register
 
+    register()  # hydra/launcher=parallel (experiment=position_extrapolation), as the CLI does
     tc = to_train_config(compose("train", overrides))
     assert validate_train(tc) is tc  # raises ConfigError naming the key when a shipped config is invalid
 
@@ -172,10 +174,11 @@ def test_the_rules_use_the_synthetic_tasks_own_facts():
     the schema's task weights are the tasks."""
     from blocklab import config
     from blocklab.data import synthetic
+    from blocklab.data.tasks import TASKS, needle
 
     assert synthetic.FILLERS is config.FILLERS
-    assert synthetic.needle_min_length is config.needle_min_length
-    assert {f.name for f in dataclasses.fields(config.TaskWeights)} == set(synthetic.TASKS)
+    assert needle.needle_min_length is config.needle_min_length
+    assert {f.name for f in dataclasses.fields(config.TaskWeights)} == set(TASKS)
 
 
 # ------------------------------------------------------------------------------- evaluation

@@ -75,7 +75,6 @@ def no_data(ax: Any, message: str) -> None:
             fontsize=11, color="dimgray", bbox={"facecolor": "white", "edgecolor": "lightgray"})
 
 
-
 def plain_log_axis(axis: Any) -> None:
     """Log-scale tick labels (major and minor) as plain numbers: 20, 5.35, 0.02, 10,000 rather
     than matplotlib's mathtext ``5.35×10^0`` (a loss curve over a narrow range) or ``1e4``."""

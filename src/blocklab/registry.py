@@ -57,6 +57,9 @@ AXES: dict[str, Axis] = {
     "mixer": Axis("blocklab.model.mixers", "MIXERS", "model.mixer.name", "model/mixer"),
     "objective": Axis("blocklab.objectives", "OBJECTIVES", "model.family.name"),
     "corpus": Axis("blocklab.data.sources", "CORPORA", "data.corpus"),
+    # synthetic tasks: blocklab's are weighted under data.tasks.<name>, a user's under
+    # data.user_tasks.<name> (docs/extending.md)
+    "task": Axis("blocklab.data.tasks", "TASKS", "data.user_tasks"),
     "schedule": Axis("blocklab.train.optim", "SCHEDULES", "schedule.name", "schedule"),
     "logger": Axis("blocklab.train.loggers", "LOGGERS", "logger.name", "logger"),
     "optim": Axis("blocklab.train.optim", "OPTIMIZERS", "optim.name", "optim"),
@@ -64,6 +67,8 @@ AXES: dict[str, Axis] = {
     # probe kinds: blocklab's own are fields of the probe spec (probes.<kind>), a user's are
     # set under probes.kinds.<name> (docs/extending.md)
     "probe": Axis("blocklab.eval.kinds", "PROBE_KINDS", "probes.kinds"),
+    # reference experiments (blocklab-repro <name>): make(size) -> Experiment
+    "experiment": Axis("blocklab.repro.experiments", "EXPERIMENTS", "blocklab-repro NAME"),
 }
 
 _NAME = re.compile(r"[a-z][a-z0-9_]*")

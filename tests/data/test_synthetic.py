@@ -20,21 +20,13 @@ from blocklab.config import (
     validate_mixture,
 )
 from blocklab.data.mixture import Mixture
-from blocklab.data.synthetic import (
-    BOS,
-    MARK,
-    REC,
-    SEP,
-    TASKS,
-    Vocab,
-    copy,
-    example_rng,
-    flip_flop,
-    kv_records,
-    markov_chain,
-    markov_lm,
-    mqar,
-)
+from blocklab.data.synthetic import BOS, MARK, REC, SEP, Vocab, example_rng, markov_chain
+from blocklab.data.tasks import TASKS
+from blocklab.data.tasks.copy import copy
+from blocklab.data.tasks.flip_flop import flip_flop
+from blocklab.data.tasks.kv_records import kv_records
+from blocklab.data.tasks.markov_lm import markov_lm
+from blocklab.data.tasks.mqar import mqar
 
 VOCAB = Vocab()
 EXACT = ("needle", "kv_records", "kv_records_query_aware", "markov_lm")  # len == length
@@ -44,7 +36,7 @@ ALL_TASKS = TaskWeights(needle=1, kv_records=1, kv_records_query_aware=1, mqar=1
 
 
 def make(name: str, index: int, length: int, *, seed: int = 0, salt: str = "", **kw):
-    return TASKS[name](example_rng(seed, index, salt), VOCAB, length, seed=seed, **kw)
+    return TASKS[name].generate(example_rng(seed, index, salt), VOCAB, length, seed=seed, **kw)
 
 
 def runs_of_mark(tokens: list[int]) -> list[int]:

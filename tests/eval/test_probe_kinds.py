@@ -29,6 +29,7 @@ from blocklab.config import (
     TaskWeights,
 )
 from blocklab.data import synthetic as syn
+from blocklab.data.tasks.needle import needle
 from blocklab.eval.aggregate import wilson_interval
 from blocklab.eval.backends import BlocklabBackend
 from blocklab.eval.items import TokenBuilder
@@ -362,7 +363,7 @@ def test_gold_and_farthest_hop_depths_are_uniform_and_a_fixed_position_fails():
         assert chi2_uniform(jittered(sample)) < CHI2_CRIT, name
     # negative controls: a needle at a fixed depth, and the naive chain draw (h sorted uniform
     # slots: the root is their minimum, Beta(1, h)-distributed, not uniform)
-    fixed = [syn.needle(syn.example_rng(0, i, "fixed"), VOCAB, 64, n_distractors=2, depth=0.5)
+    fixed = [needle(syn.example_rng(0, i, "fixed"), VOCAB, 64, n_distractors=2, depth=0.5)
              for i in range(400)]
     fixed_d = [((ex.meta["gold_index"] - 1) / 46, 46) for ex in fixed]
     assert chi2_uniform(jittered(fixed_d)) > CHI2_CRIT

@@ -10,7 +10,8 @@ import torch
 
 from blocklab.config import DataConfig, PositionConfig, TaskWeights
 from blocklab.data.mixture import Mixture
-from blocklab.data.synthetic import BOS, MASK, Example, Vocab, example_rng, needle
+from blocklab.data.synthetic import BOS, MASK, Example, Vocab, example_rng
+from blocklab.data.tasks.needle import needle
 from blocklab.model import build_model
 from blocklab.objectives import IGNORE, CausalLM, MaskedLM, Seq2Seq, token_loss
 from blocklab.registry import names
@@ -145,6 +146,6 @@ def test_each_family_learns_a_tiny_task(family):
 def test_task_weights_schema_lists_exactly_the_registered_tasks():
     import dataclasses
 
-    from blocklab.data.synthetic import TASKS
+    from blocklab.data.tasks import TASKS
 
     assert {f.name for f in dataclasses.fields(TaskWeights)} == set(TASKS)

@@ -45,18 +45,21 @@ def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...
     ``config_dirs`` are user config directories searched first (like ``--config-dir`` on the
     command line); user plugins are imported first (registry.load_plugins). Every error is a
     one-line :class:`ConfigError`, as on the command line: an unknown group option, a key the
-    schema lacks (``+`` added ones too: config/strict.py), a wrong type."""
+    schema lacks (``+`` added ones too: config/strict.py), a wrong type.
+
+    blocklab's Hydra launchers (``hydra/launcher=parallel|local|slurm``, e.g. chosen by
+    ``experiment=position_extrapolation``) belong to the sweep layer above this one: the
+    command line registers them; from Python, call ``hydra_plugins.blocklab_launchers.register()``
+    before composing a config that selects one (docs/python-api.md)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
     from blocklab.config.hydra_errors import composition_error
     from blocklab.config.strict import check_keys
     from blocklab.registry import load_plugins
-    from hydra_plugins.blocklab_launchers import register as register_launchers
 
     load_plugins()
     register_configs()
-    register_launchers()  # hydra/launcher=parallel (experiment=position_extrapolation) composes
     extra = [f"hydra.searchpath=[{','.join('file://' + str(d) for d in config_dirs)}]"
              ] if config_dirs else []
     try:

@@ -1,5 +1,5 @@
 """The facts of the synthetic vocabulary that the config rules need: what the synthetic tasks
-(data/synthetic.py) and the token-space probes require of a config (shortest sequences, distinct
+(data/tasks/) and the token-space probes require of a config (shortest sequences, distinct
 ids drawn, the ranges the training tasks draw from). Defined on the config floor (and imported by
 the data package) so that a config is checked without importing the data package."""
 

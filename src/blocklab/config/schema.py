@@ -121,7 +121,8 @@ class TokenizerConfig:
 
 @dataclass
 class TaskWeights:
-    """Mixture weight of each synthetic task (data/synthetic.py ``TASKS``); 0 = not used."""
+    """Mixture weight of each of blocklab's synthetic tasks (``blocklab.data.tasks``,
+    ``TASKS``); 0 = not used. A user's registered task is weighted in ``data.user_tasks``."""
 
     needle: float = 1.0
     kv_records: float = 0.0
@@ -154,6 +155,8 @@ class DataConfig:
     n_keys: int = 64
     n_values: int = 64
     tasks: TaskWeights = field(default_factory=TaskWeights)  # mixture weights by task
+    # user tasks (register("task", name)): name -> mixture weight; blocklab's are data.tasks
+    user_tasks: dict[str, float] = field(default_factory=dict)
     # synthetic: the tasks validation draws from (their data.tasks weights; [] = every task
     # trained on), e.g. [mqar]: val/accuracy of recall alone while copying is in the mix
     val_tasks: list[str] = field(default_factory=list)

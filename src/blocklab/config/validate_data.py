@@ -39,13 +39,24 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
     if unknown:
         raise ConfigError(f"config error: {key}.tasks.{unknown[0]}: unknown task; known: "
                           f"{', '.join(sorted(known))}")
-    if not all(_finite(w) and w >= 0 for w in weights.values()) or sum(weights.values()) <= 0:
+    users = dict(d.user_tasks or {})
+    for name, w in users.items():  # a user's task: registered, weighted, its own rules
+        _check(name not in known, f"{key}.user_tasks.{name}", w,
+               f"a task of blocklab's own is weighted at {key}.tasks.{name}")
+        _check(_finite(w) and w >= 0, f"{key}.user_tasks.{name}", w, "must be >= 0")
+        if w:
+            from blocklab.registry import lookup  # only a config that names a user task
+
+            lookup("task", name, f"{key}.user_tasks.{name}").check(d, f"{key}.user_tasks.{name}")
+    if not all(_finite(w) and w >= 0 for w in weights.values()) or (
+            sum(weights.values()) + sum(users.values()) <= 0):
         raise _fail(f"{key}.tasks", weights, "weights must be >= 0 with a positive sum")
     used = {k for k, w in weights.items() if w}
+    trained = used | {k for k, w in users.items() if w}
     for task in d.val_tasks:
-        _check(task in used, f"{key}.val_tasks", list(d.val_tasks),
+        _check(task in trained, f"{key}.val_tasks", list(d.val_tasks),
                f"every validation task must be trained on; {task!r} is not "
-               f"(data.tasks with weight > 0: {', '.join(sorted(used))})")
+               f"(data.tasks with weight > 0: {', '.join(sorted(trained))})")
     _check(len(set(d.val_tasks)) == len(d.val_tasks), f"{key}.val_tasks", list(d.val_tasks),
            "names a task twice")
     _check(d.val_len is None or d.min_len <= d.val_len <= d.seq_len, f"{key}.val_len",

@@ -64,7 +64,6 @@ class Arch:
         raise NotImplementedError
 
 
-
 def _head_in(w: Weights, m: ModelConfig, out: dict[str, Tensor], key: str) -> None:
     """The output projection: its own tensor when untied; when tied, the embedding (a copy in
     the file, if any, must equal it)."""
@@ -78,7 +77,6 @@ def _head_in(w: Weights, m: ModelConfig, out: dict[str, Tensor], key: str) -> No
         out["head.proj.weight"] = out["embed.weight"]
     else:
         out["head.proj.weight"] = w.take(key)
-
 
 
 def _ffn(m: ModelConfig) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import hashlib
 import json
 
 from blocklab.config import MULTIHOP_HOPS, DataConfig, validate_mixture
-from blocklab.data.synthetic import TASKS, Example, Vocab, example_rng
+from blocklab.data.synthetic import Example, Vocab, example_rng
+from blocklab.registry import lookup
 
 
 def vocab_of(cfg: DataConfig) -> Vocab:
@@ -17,8 +18,10 @@ def vocab_of(cfg: DataConfig) -> Vocab:
 
 
 def task_weights(cfg: DataConfig) -> dict[str, float]:
-    """Non-zero mixture weights by task name."""
+    """Non-zero mixture weights by task name (blocklab's ``data.tasks``, then a user's
+    ``data.user_tasks``)."""
     weights = cfg.tasks if isinstance(cfg.tasks, dict) else dataclasses.asdict(cfg.tasks)
+    weights = {**weights, **(cfg.user_tasks or {})}
     return {k: float(v) for k, v in weights.items() if v}
 
 
@@ -39,6 +42,7 @@ class Mixture:
             weights = {k: w for k, w in weights.items() if k in only}
         self.names = sorted(weights)
         self.weights = [weights[n] for n in self.names]
+        self.tasks = {n: lookup("task", n, f"data.tasks.{n}") for n in self.names}
 
     def max_len(self, step: int) -> int:
         """Longest sequence at ``step``: the last curriculum stage started by then, capped at
@@ -54,18 +58,8 @@ class Mixture:
         batch_rng = example_rng(c.seed, index // c.batch_size, self.salt + ":length")
         hi = c.seq_len if step is None else self.max_len(step)
         length = self.length or batch_rng.randint(min(c.min_len, hi), hi)
-        kw: dict = {"seed": c.seed}
-        if name == "needle":
-            kw |= {"n_distractors": rng.randint(*c.n_distractors), "filler": rng.choice(c.fillers)}
-        if name in ("multihop", "counting"):  # hops / margins drawn by the task itself
-            kw["filler"] = rng.choice(c.fillers)
-        if name == "multihop":
-            kw["hop_range"] = tuple(c.multihop_hops)
-        if name == "mqar" and c.mqar_pairs is not None:
-            kw["pairs"] = (c.mqar_pairs if c.mqar_min_pairs is None
-                           else rng.randint(c.mqar_min_pairs, c.mqar_pairs))
-            kw["layout"] = c.mqar_layout
-        return TASKS[name](rng, self.vocab, length, **kw)
+        task = self.tasks[name]
+        return task.generate(rng, self.vocab, length, seed=c.seed, **task.draw(c, rng))
 
     def fingerprint(self) -> str:
         """Identifies the data stream: same fingerprint, same examples."""

@@ -118,6 +118,17 @@ class NotApplicable(Exception):
         return f"n/a: {self.reason}"
 
 
+@dataclass
+class PerplexityText:
+    """What the perplexity probe reads: ``documents`` (token ids, no BOS), ``name`` (what the
+    report and the plot say) and ``note`` (a caveat the report states, e.g. text the run
+    trained on)."""
+
+    name: str
+    documents: list[list[int]]
+    note: str | None = None
+
+
 def answer_item(cell: dict[str, Any], ex: syn.Example, **meta: Any) -> ProbeItem:
     """A token-space item with a one-token answer among ``meta["candidates"]``."""
     start = ex.answer_start
@@ -167,8 +178,6 @@ class TokenBuilder:
         """The held-out Markov stream (one document of ``need`` tokens);
         :class:`NotApplicable` (-> N/A rows) when the model was never trained to predict it:
         its perplexity would measure nothing."""
-        from blocklab.eval.texts import PerplexityText
-
         if not self.language_model:
             raise NotApplicable("the training mixture has no language-modelling slice "
                                 "(data.tasks.markov_lm=0)")

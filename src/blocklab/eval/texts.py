@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from blocklab.eval.items import NotApplicable
+from blocklab.eval.items import NotApplicable, PerplexityText
 
 #: Share of a text's 32-token spans that may occur earlier in it before it counts as repeating
 #: (natural text: about 0; the Shakespeare plays: under 0.01; a text read twice: 0.5).
@@ -76,17 +75,6 @@ def haystack_sentences(source: str, essay: str, *, avoid: Sequence[str] = (),
     if len(out) < 4:
         raise ValueError(f"probes.text.haystack={source!r}: fewer than 4 usable sentences")
     return out
-
-
-@dataclass
-class PerplexityText:
-    """What the perplexity probe reads: ``documents`` (token ids, no BOS), ``name`` (what the
-    report and the plot say) and ``note`` (a caveat the report states, e.g. text the run
-    trained on)."""
-
-    name: str
-    documents: list[list[int]]
-    note: str | None = None
 
 
 def check_not_repeating(text: PerplexityText) -> None:

@@ -29,8 +29,8 @@ from typing import Any
 
 from blocklab.config import ProbeSpec
 from blocklab.data.synthetic import example_rng
-from blocklab.eval.items import Cell, NotApplicable, ProbeItem, fits
-from blocklab.eval.texts import PerplexityText, haystack_sentences, perplexity_text
+from blocklab.eval.items import Cell, NotApplicable, PerplexityText, ProbeItem, fits
+from blocklab.eval.texts import haystack_sentences, perplexity_text
 
 # Plain, number-free filler sentences (the "essay" haystack): varied, unremarkable, and unable to
 # be confused with a needle.

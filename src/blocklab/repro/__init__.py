@@ -1,8 +1,8 @@
 """``blocklab-repro``: reference experiments with a known expected result, checked.
 
-Each experiment (:data:`blocklab.repro.experiments.EXPERIMENTS`) is a protocol — arms (a name
-and the ``blocklab-train`` overrides that make it), seeds, a measurement on each trained
-checkpoint — and a list of expectations taken from the literature (docs/reproductions.md).
+Each experiment (one module of :mod:`blocklab.repro.experiments`; registry axis
+``experiment``) is a protocol — arms (a name and the ``blocklab-train`` overrides that make
+it), seeds, a measurement on each trained checkpoint — and a list of expectations taken from the literature (docs/reproductions.md).
 ``blocklab-repro <name> --seeds 3`` trains what is missing (runs are cached by their exact
 overrides and seed under ``outputs/repro/runs/``, so a rerun only re-measures), prints
 observed against expected, writes ``result.json`` and ``table.md``, and exits 1 when an
@@ -11,7 +11,8 @@ applies a deliberate defect (a 1-layer model in the attention row, the window ig
 under which the check must fail — the test that the check can fail.
 
 Parts: :mod:`blocklab.repro.measure` (held-out accuracy on a trained checkpoint),
-:mod:`blocklab.repro.experiments` (the protocols and expectations),
+:mod:`blocklab.repro.protocol` (what an experiment is),
+:mod:`blocklab.repro.experiments` (the experiments: protocols and expectations, one module each),
 :mod:`blocklab.repro.runner` (training arms, checking, reporting), and
 :mod:`blocklab.repro.cli` (the command line).
 """

@@ -17,16 +17,17 @@ import re
 import shlex
 import sys
 
-from blocklab.repro.experiments import NAMES, SIZES, experiment
+from blocklab.repro.experiments import experiment, names
+from blocklab.repro.protocol import SIZES
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(choices: list[str]) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="blocklab-repro",
         description="Run a reference experiment and check its published result: prints "
                     "expected vs observed, exits 1 when an expectation is missed.",
         epilog="Docs: docs/reproductions.md (the experiments and their sources).")
-    p.add_argument("name", nargs="?", choices=NAMES, help="the experiment")
+    p.add_argument("name", nargs="?", choices=choices, help="the experiment")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--size", choices=SIZES, default="full",
                    help="full (the documented protocol; default) or quick (the CI subset)")
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _list() -> str:
     lines = []
-    for name in NAMES:
+    for name in names():
         exp = experiment(name, "full")
         lines.append(f"{name}: {exp.title}")
         for what, (desc, _) in exp.breaks.items():
@@ -59,12 +60,21 @@ def _list() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    from blocklab.registry import load_plugins
+
+    try:  # user components, experiments among them, before the names are known
+        load_plugins()
+    except Exception as e:
+        if not isinstance(getattr(e, "exit_code", None), int):
+            raise
+        print(e, file=sys.stderr)
+        sys.exit(e.exit_code)
+    args = _parser(names()).parse_args(argv)
     if args.list:
         print(_list())
         return
     if args.name is None:
-        print("blocklab-repro: name an experiment (one of " + ", ".join(NAMES)
+        print("blocklab-repro: name an experiment (one of " + ", ".join(names())
               + "), or --list", file=sys.stderr)
         sys.exit(2)
     exp = experiment(args.name, args.size)
@@ -74,11 +84,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     from blocklab.repro.runner import chosen
 
-    names = [a.name for a in exp.sizes[args.size].arms]
+    arm_names = [a.name for a in exp.sizes[args.size].arms]
     for words in args.only:
-        if not any(chosen(n, [words]) for n in names):
+        if not any(chosen(n, [words]) for n in arm_names):
             print(f"blocklab-repro: --only {words!r}: names no arm of {args.name} --size "
-                  f"{args.size}; arms: " + ", ".join(names), file=sys.stderr)
+                  f"{args.size}; arms: " + ", ".join(arm_names), file=sys.stderr)
             sys.exit(2)
     if args.broken is not None:
         arms = exp.sizes[args.size].arms
@@ -103,9 +113,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _run(args: argparse.Namespace, exp) -> bool:
-    from blocklab.registry import load_plugins
-
-    load_plugins()  # user components, once, before anything is trained or written
     from blocklab.repro.runner import report, run, write
     from blocklab.runlock import writable_dir
 

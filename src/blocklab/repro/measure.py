@@ -17,6 +17,9 @@ import torch
 from blocklab.config import FLIP_FLOP_WRITE
 from blocklab.data import synthetic as syn
 from blocklab.data.mixture import vocab_of
+from blocklab.data.tasks.flip_flop import flip_flop
+from blocklab.data.tasks.mqar import mqar
+from blocklab.data.tasks.needle import needle
 
 EVAL_SEED = 424242  # never a training seed of a reference experiment (those are 0, 1, 2, ...)
 
@@ -114,7 +117,7 @@ def flip_flop_examples(vocab: syn.Vocab, *, n: int, length: int,
                        ) -> list[syn.Example]:
     """Flip-flop sequences with one read, at the end (its answer: the last write)."""
     salt = f"repro:flip_flop:{length}:{p_write!r}"
-    return [syn.flip_flop(syn.example_rng(seed, i, salt), vocab, length, p_write=p_write)
+    return [flip_flop(syn.example_rng(seed, i, salt), vocab, length, p_write=p_write)
             for i in range(n)]
 
 
@@ -123,7 +126,7 @@ def mqar_examples(vocab: syn.Vocab, *, n: int, length: int, pairs: int, layout: 
     """MQAR sequences with ``pairs`` pairs, every key queried once (``layout``: ``spread``,
     queries spread over the length after SEP markers; ``zoology``, the paper's exactly)."""
     salt = f"repro:mqar:{length}:{pairs}" + ("" if layout == "spread" else f":{layout}")
-    return [syn.mqar(syn.example_rng(seed, i, salt), vocab, length, pairs=pairs, layout=layout)
+    return [mqar(syn.example_rng(seed, i, salt), vocab, length, pairs=pairs, layout=layout)
             for i in range(n)]
 
 
@@ -148,7 +151,7 @@ def recall_at_gap(vocab: syn.Vocab, *, n: int, pairs: int, gap: int,
 def needle_examples(vocab: syn.Vocab, *, n: int, length: int, n_distractors: int,
                     seed: int = EVAL_SEED) -> list[syn.Example]:
     """Needles with distractor needles, depth uniform per item, i.i.d. filler."""
-    return [syn.needle(syn.example_rng(seed, i, f"repro:needle:{length}:{n_distractors}"),
+    return [needle(syn.example_rng(seed, i, f"repro:needle:{length}:{n_distractors}"),
                        vocab, length, n_distractors=n_distractors, filler="iid")
             for i in range(n)]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from blocklab.files import storage_error, write_text_atomic
 from blocklab.repro import checks as ck
-from blocklab.repro.experiments import Arm, Experiment, Sweep
 from blocklab.repro.measure import Scalar, Tally
+from blocklab.repro.protocol import Arm, Experiment, Sweep
 
 # Every run of a reference experiment: no probes during or after training (the experiment
 # measures what it checks itself), CSV logs, quiet.

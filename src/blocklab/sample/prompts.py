@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from blocklab.sample import Sampler
 
 
-
 def token_names(vocab: Vocab) -> list[str]:
     """Names of the synthetic vocabulary's ids, in id order."""
     return [*SPECIALS, *(f"f{i}" for i in range(vocab.n_filler)),

@@ -9,9 +9,15 @@ import random
 from functools import partial
 from typing import Any
 
-from blocklab.config import COUNTING_MAX_COUNT, AggregationProbeConfig, ProbeSpec
+from blocklab.config import (
+    COUNTING_MAX_COUNT,
+    AggregationProbeConfig,
+    ProbeSpec,
+    counting_min_length,
+)
 from blocklab.config.checks import require
 from blocklab.data import synthetic as syn
+from blocklab.data.tasks.counting import counting
 from blocklab.eval import textspace
 from blocklab.eval.aggregate import grid_summary
 from blocklab.eval.items import (
@@ -44,7 +50,7 @@ def aggregation_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
     k = p.candidates
     cells = []
     for margin in p.margins:
-        need = syn.counting_min_length(k, margin)
+        need = counting_min_length(k, margin)
         for length in lengths_of(p.lengths, train_length):
             key = {"probe": NAME, "variant": f"margin {margin}", "count_margin": margin,
                    "length": length}
@@ -56,7 +62,7 @@ def aggregation_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
             if na is None:
                 salt = f"probe:aggregation:{k}:{margin}:{length}"
                 for i in range(p.n):
-                    ex = syn.counting(syn.example_rng(spec.seed, i, salt), vocab, length,
+                    ex = counting(syn.example_rng(spec.seed, i, salt), vocab, length,
                                       candidates=k, margin=margin,
                                       filler=FILLER_CYCLE[i % len(FILLER_CYCLE)], seed=spec.seed)
                     m = ex.meta
@@ -100,6 +106,7 @@ def text_aggregation_cells(b: TextBuilder, spec: ProbeSpec, train_length: int,
                                     make, copy_any_value=1 / p.candidates,
                                     chance=1 / len(b.words)))
     return cells
+
 
 def _aggregation(b: TextBuilder, rng: random.Random, *, key: dict[str, Any], margin: int,
                  n_words: int, length: int) -> ProbeItem:

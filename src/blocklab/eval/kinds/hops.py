@@ -10,9 +10,10 @@ import string
 from functools import partial
 from typing import Any
 
-from blocklab.config import HopsProbeConfig, ProbeSpec
+from blocklab.config import HopsProbeConfig, ProbeSpec, multihop_min_length
 from blocklab.config.checks import require
 from blocklab.data import synthetic as syn
+from blocklab.data.tasks.multihop import multihop
 from blocklab.eval import textspace
 from blocklab.eval.aggregate import depth_view, grid_summary
 from blocklab.eval.items import (
@@ -47,7 +48,7 @@ def hops_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
     c = p.distractor_chains
     cells = []
     for h in p.hops:
-        need = syn.multihop_min_length(h, c)
+        need = multihop_min_length(h, c)
         for length in lengths_of(p.lengths, train_length):
             key = {"probe": NAME, "variant": f"{h} hops", "hops": h, "length": length}
             na = fits(length, max_length)
@@ -58,7 +59,7 @@ def hops_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
             if na is None:
                 salt = f"probe:hops:{h}:{c}:{length}"
                 for i in range(p.n):
-                    ex = syn.multihop(syn.example_rng(spec.seed, i, salt), vocab, length,
+                    ex = multihop(syn.example_rng(spec.seed, i, salt), vocab, length,
                                       hops=h, distractor_chains=c,
                                       filler=FILLER_CYCLE[i % len(FILLER_CYCLE)], seed=spec.seed)
                     m = ex.meta
@@ -105,6 +106,7 @@ def text_hops_cells(b: TextBuilder, spec: ProbeSpec, train_length: int,
                                     copy_any_value=1 / chains, chance=1 / len(VALUES)))
     return cells
 
+
 def _names(b: TextBuilder, rng: random.Random, n: int) -> list[str]:
     """``n`` distinct names of five random capitals, none occurring in the haystack."""
     names: list[str] = []
@@ -113,6 +115,7 @@ def _names(b: TextBuilder, rng: random.Random, n: int) -> list[str]:
         if name not in names and "VAR" not in name and name not in b.hay_text:
             names.append(name)
     return names
+
 
 def _hops(b: TextBuilder, rng: random.Random, *, key: dict[str, Any], hops: int, chains: int,
           length: int) -> ProbeItem:

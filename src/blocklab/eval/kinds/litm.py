@@ -13,6 +13,7 @@ from typing import Any
 
 from blocklab.config import LitmProbeConfig, ProbeSpec
 from blocklab.data import synthetic as syn
+from blocklab.data.tasks.kv_records import kv_records
 from blocklab.eval.aggregate import position_curve_summary
 from blocklab.eval.items import Cell, NotApplicable, ProbeItem, answer_item, fits, lengths_of
 from blocklab.eval.kinds.base import ProbeKind, fmt
@@ -76,7 +77,7 @@ def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None,
                 if cell.na is None:
                     salt = f"probe:litm:{variant}:{m}:{j}"
                     for i in range(p.n):
-                        ex = syn.kv_records(syn.example_rng(spec.seed, i, salt), vocab, length,
+                        ex = kv_records(syn.example_rng(spec.seed, i, salt), vocab, length,
                                             gold=j, query_aware=qa, seed=spec.seed)
                         cell.items.append(answer_item(key, ex, distance=3 * (m - j)))
                 cells.append(cell)
@@ -92,12 +93,12 @@ def litm_cells(spec: ProbeSpec, vocab: syn.Vocab, max_length: int | None,
             for i in range(p.n if cell.na is None else 0):
                 rng = syn.example_rng(spec.seed, i, salt)
                 if variant == "closed_book":  # the same draw as a full example, records removed
-                    ex = syn.kv_records(rng, vocab, 3 * m + 4, seed=spec.seed)
+                    ex = kv_records(rng, vocab, 3 * m + 4, seed=spec.seed)
                     k, v = ex.tokens[-2], ex.tokens[-1]
                     ex = syn.Example([syn.BOS, syn.SEP, k, v], [False] * 3 + [True],
                                      {"candidates": [v]})
                 else:
-                    ex = syn.kv_records(rng, vocab, 7, gold=0, seed=spec.seed)
+                    ex = kv_records(rng, vocab, 7, gold=0, seed=spec.seed)
                 cell.items.append(answer_item(key, ex))
             cells.append(cell)
     return cells

@@ -184,6 +184,7 @@ def text_multi_needle_cells(b: TextBuilder, spec: ProbeSpec, train_length: int,
                                     chance=len(VALUES) ** -n_answers))
     return cells
 
+
 def _multi_needle(b: TextBuilder, rng: random.Random, *, key: dict[str, Any], p, variant: str,
                   length: int) -> ProbeItem:
     t = b.t

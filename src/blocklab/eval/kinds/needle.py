@@ -7,8 +7,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from blocklab.config import NeedleProbeConfig, ProbeSpec
+from blocklab.config import NeedleProbeConfig, ProbeSpec, needle_min_length
 from blocklab.data import synthetic as syn
+from blocklab.data.tasks.needle import needle
 from blocklab.eval.aggregate import distance_view, effective_length, pooled
 from blocklab.eval.items import Cell, NotApplicable, ProbeItem, answer_item, fits, lengths_of
 from blocklab.eval.kinds.base import ProbeKind, fmt
@@ -38,14 +39,14 @@ def needle_cells(spec: ProbeSpec, vocab: syn.Vocab, train_length: int,
     cells = []
     for nd, length, depth, key in needle_grid(spec, train_length):
         na = fits(length, max_length)
-        if na is None and length < syn.needle_min_length(nd):
-            na = NotApplicable(f"length {length} < {syn.needle_min_length(nd)} for {nd + 1} "
+        if na is None and length < needle_min_length(nd):
+            na = NotApplicable(f"length {length} < {needle_min_length(nd)} for {nd + 1} "
                                "needles").status
         cell = Cell(key, [], na, copy_any_value=1 / (nd + 1), chance=1 / vocab.n_values)
         if na is None:
             salt = f"probe:needle:{nd}:{length}:{depth}"
             for i in range(p.n):
-                ex = syn.needle(syn.example_rng(spec.seed, i, salt), vocab, length,
+                ex = needle(syn.example_rng(spec.seed, i, salt), vocab, length,
                                 n_distractors=nd, depth=depth,
                                 filler=p.fillers[i % len(p.fillers)], seed=spec.seed)
                 cell.items.append(answer_item(key, ex, distance=ex.meta["query_index"]

@@ -20,7 +20,7 @@ from blocklab.model.attention import SoftmaxAttention
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
 from blocklab.repro import text as tx
-from blocklab.repro.experiments import Arm, Experiment, Protocol
+from blocklab.repro.protocol import Arm, Experiment, Protocol
 
 ARM = "nanoGPT recipe"
 RECIPE = ("experiment=shakespeare_char",)
@@ -114,7 +114,7 @@ def _measure_for(size: str):
     return measure
 
 
-def shakespeare_experiment(size: str) -> Experiment:
+def make(size: str) -> Experiment:
     lo, hi = MEASURED[size]
     return Experiment(
         name="shakespeare_char",

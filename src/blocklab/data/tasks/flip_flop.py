@@ -7,6 +7,7 @@ import random
 
 from blocklab.config import FLIP_FLOP_SYMBOLS, FLIP_FLOP_WRITE
 from blocklab.data.synthetic import BOS, MARK, REC, SEP, Example, Vocab
+from blocklab.data.tasks.base import Task
 
 
 def flip_flop(rng: random.Random, vocab: Vocab, length: int, *, p_write: float = FLIP_FLOP_WRITE,
@@ -45,3 +46,8 @@ def flip_flop(rng: random.Random, vocab: Vocab, length: int, *, p_write: float =
             last, writes, written_at = v, writes + 1, len(tokens) - 1
     return Example(tokens, targets, {"task": "flip_flop", "writes": writes,
                                      "distance": len(tokens) - 1 - written_at})
+
+
+class FlipFlopTask(Task):
+    name = "flip_flop"
+    generate = staticmethod(flip_flop)

@@ -26,15 +26,8 @@ from blocklab.model.linear import FeatureMap, LinearAttention, dot_kernel, ident
 from blocklab.model.ssm import SelectiveSSM
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
-from blocklab.repro.experiments import (
-    EARLY_STOP,
-    Arm,
-    Experiment,
-    Protocol,
-    Sweep,
-    _swap,
-    cell_of,
-)
+from blocklab.repro.experiments.mqar import EARLY_STOP, cell_of
+from blocklab.repro.protocol import Arm, Experiment, Protocol, Sweep, swap
 
 # (sequence length, key-value pairs) and model widths per size; full: the Zoology Figure-2 cells
 # that fit 2 CPU cores. Measured training step (batch 64, 1 thread): at 256/16 attention 275 ms,
@@ -316,7 +309,7 @@ def _swap_windows(arms: tuple[Arm, ...]) -> tuple[Arm, ...]:
     out = arms
     for a in arms:
         if a.name.startswith("window "):
-            out = _swap(out, a.name, arm_name("attention", *cell_of(a.name)))
+            out = swap(out, a.name, arm_name("attention", *cell_of(a.name)))
     return out
 
 
@@ -360,3 +353,7 @@ def _with_mixer(arms: tuple[Arm, ...], prefix: str, mixer: str) -> tuple[Arm, ..
     register("mixer", TIME_INVARIANT)(TimeInvariantSSM)
     return tuple(replace(a, overrides=(*a.overrides, f"model.mixer.name={mixer}"))
                  if a.name.startswith(prefix) else a for a in arms)
+
+
+def make(size: str) -> Experiment:
+    return RECALL_STATE
