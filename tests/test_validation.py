@@ -169,6 +169,21 @@ def test_shipped_configs_validate(overrides):
     assert validate_train(tc) is tc  # raises ConfigError naming the key when a shipped config is invalid
 
 
+def test_composing_a_launcher_config_from_python_says_what_to_call():
+    """The config floor does not reach the launchers (layering): from Python, a config that
+    picks one fails in one line saying what to call (a fresh process: registration is global)."""
+    import subprocess
+    import sys
+
+    code = ("from blocklab.config import compose\n"
+            "compose('train', ['experiment=position_extrapolation'])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "hydra/launcher/blocklab_joblib" in last, r.stderr[-2000:]
+    assert "call hydra_plugins.blocklab_launchers.register() before compose" in last
+
+
 def test_the_rules_use_the_synthetic_tasks_own_facts():
     """One definition: the fillers and the shortest needle are config.py's, used by the tasks;
     the schema's task weights are the tasks."""

@@ -69,6 +69,10 @@ def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...
         err = composition_error(e, overrides, SCHEMAS.get(config_name))
         if err is None:
             raise
+        if "'hydra/launcher/blocklab_" in str(err):  # the sweep layer's nodes, not registered
+            err = ConfigError(f"{err} (blocklab's launchers are registered by the command line; "
+                              "from Python call hydra_plugins.blocklab_launchers.register() "
+                              "before compose)")
         raise err from None
     check_keys(cfg)
     return cfg
