@@ -39,7 +39,9 @@ scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generic
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,8 +51,19 @@ from blocklab.config import ModelConfig
 from blocklab.model import masks
 
 if TYPE_CHECKING:
-    from blocklab.model.cache import DecodeCache
+    from blocklab.model.cache import Book, DecodeCache
     from blocklab.model.position import Position
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys a score-based layer attends over in one decoding forward (its cached keys
+    and the new tokens, in the layout of its own state), for :meth:`Sequence.visibility`."""
+
+    positions: Tensor  # (B, Tk)
+    valid: Tensor | None  # (B, Tk) bool; None = no padding
+    order: Tensor | None = None  # (B, Tk): set, causality (and windows) go by token order
+    q_order: Tensor | None = None  # (B, T) the new tokens' orders (with ``order``)
 
 
 @dataclass
@@ -81,30 +94,42 @@ class Sequence:
         there), or None without packing. Padding never starts one."""
         if self.segments is None:
             return None
-        return self._memoised("starts", lambda: masks.document_starts(self.segments,
+        return self.memo("starts", lambda: masks.document_starts(self.segments,
                                                                       self.valid))
 
-    def visibility(self, window: int | None = None) -> masks.Visibility:
+    def visibility(self, window: int | None = None, keys: Keys | None = None, *,
+                   share: Hashable | None = None) -> masks.Visibility:
         """Which keys each query may see, for a score-based mixer with this ``window``
-        (None = global): over this forward's tokens in training, over the cached keys plus
-        these tokens when decoding. Built once per window and forward."""
-        return self._memoised(("visibility", window), lambda: self._visibility(window))
+        (None = global). Without a cache: over this forward's tokens, built once per window
+        and forward. Decoding: over ``keys``, the keys the mixer attends over (its cached
+        keys and these tokens, as its own state lays them out); built once per window and
+        ``share`` (say which layers share those keys; None: not shared)."""
+        if keys is None:
+            if self.cache is not None:
+                raise ValueError("decoding: Sequence.visibility needs the keys the mixer "
+                                 "attends over (keys=)")
+            return self.memo(("visibility", window), lambda: self._visibility(window, None))
+        if share is None:
+            return self._visibility(window, keys)
+        return self.memo(("visibility", window, share),
+                         lambda: self._visibility(window, keys))
 
-    def _visibility(self, window: int | None) -> masks.Visibility:
+    def _visibility(self, window: int | None, keys: Keys | None) -> masks.Visibility:
         t = self.length
         common = {"causal": self.causal, "q_len": t, "device": self.positions.device}
-        if self.cache is None:
+        if keys is None:
             return masks.self_visibility(
                 **common, k_len=t, key_valid=self.valid, q_segments=self.segments,
                 k_segments=self.segments, window=window,
                 bias=self.position.score_bias(self.positions, self.positions))
-        keys = self.cache.keys(window)
         return masks.self_visibility(
             **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
             bias=self.position.score_bias(self.positions, keys.positions), window=window,
             q_order=keys.q_order, k_order=keys.order)
 
-    def _memoised(self, key: Any, make) -> Any:
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, built once per forward under ``key`` and shared by every layer (the
+        visibility, seqops' compacted rows; a user's mixer may keep its own here)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
@@ -112,10 +137,12 @@ class Sequence:
 
 class State:
     """A layer's decode state: named tensors whose dim 0 is the batch (rows), updated in
-    place by its mixer. Subclasses add the logic; ``books`` names the shared bookkeeping the
-    state relies on (cache.py), none by default."""
+    place by its mixer. Subclasses add the logic. A state reads only what its mixer passes
+    it (the forward's ``Step``, a book), never the cache that holds it. ``books``: the shared
+    bookkeeping it relies on, key -> constructor ``(batch, capacity, device) -> Book``
+    (cache.py makes each key once per cache; softmax's key books: kv.py); none by default."""
 
-    books: tuple[Any, ...] = ()
+    books: Mapping[Hashable, Callable[..., Book]] = MappingProxyType({})
 
     def tensors(self) -> dict[str, Tensor]:
         return {k: v for k, v in vars(self).items() if isinstance(v, Tensor)}
