@@ -1,5 +1,6 @@
-"""Softmax attention: the ``softmax`` sequence mixer (full, local/windowed, fixed-shape) with
-its decode states, cross-attention, and the head layouts (MHA / GQA / MQA). Which key a query
+"""Softmax attention: the ``softmax`` sequence mixer (full, local/windowed, fixed-shape),
+cross-attention, and the head layouts (MHA / GQA / MQA). Its decode states and the key books
+they share (``History`` / ``Ring`` / ``Fixed``, cross-attention's ``CrossKV``) are in kv.py. Which key a query
 may see is decided in masks.py only; this file consumes a
 :class:`~blocklab.model.masks.Visibility` from :meth:`Sequence.visibility
 <blocklab.model.mixer.Sequence.visibility>`.

@@ -9,8 +9,8 @@ encoder–decoder stays softmax attention and is not a mixer.
 A stack hands each mixer the *facts* of the sequence, :class:`Sequence` — positions, which
 tokens are real (``valid``), packed documents (``segments``), causal or bidirectional, the
 rotary angles, the decode cache's shared bookkeeping — never a prebuilt mask. A score-based
-mixer asks ``seq.visibility(window)``; masks.py alone decides what it holds, and the answer is
-memoised per forward, so every softmax layer of a stack shares one mask. Padding and packed
+mixer asks ``seq.visibility(window)`` (decoding: ``seq.visibility(window, keys)``); masks.py
+alone decides what it holds, and the answer is memoised per forward, so every softmax layer of a stack shares one mask. Padding and packed
 documents therefore reach every mixer as data, and invariance to them (a padded row equals
 the row alone; documents never mix) is each mixer's own obligation — the variant grid tests it.
 
@@ -34,7 +34,24 @@ The contract (:class:`Mixer`):
   rotary scheme's angles); a position scheme no layer uses is refused by the validator.
 
 A :class:`State` holds tensors whose dim 0 is the batch: ``select(rows)`` (shared-prefix
-scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generically.
+scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generically. What a
+state may read: only what its mixer passes it — the forward's
+:class:`~blocklab.model.cache.Step` (``seq.cache.step``: positions, real tokens, token orders,
+real tokens per row before and after, the slots written), the compacted rows of seqops.py, a
+shared book — never an attribute of the cache that holds it. The cache itself
+(:class:`~blocklab.model.cache.DecodeCache`) keeps only the token bookkeeping every layer
+shares and one state per layer (plus cross-attention's, :class:`~blocklab.model.kv.CrossKV`).
+
+Where keys live: a score-based mixer keeps its keys in its own state and tells
+``seq.visibility(window, keys, share=...)`` where they are (:class:`Keys`: their positions,
+validity and token orders). Softmax attention's *key books* — ``History`` (global layers),
+``Ring`` (local layers), ``Fixed`` (compiled decoding), each shared by every softmax layer
+with that buffer — are in kv.py with its K/V states; a state asks for a book by naming it in
+``State.books`` (key -> constructor), and the cache makes and updates each book once per
+forward without knowing its kind. So a score-based mixer with its own key layout touches no
+shared file (the example plugin's ``compact_kv``). Mechanics several mixers share — real
+tokens to the front and back, the short convolution with document restarts and a decode tail
+— are in seqops.py.
 """
 
 from __future__ import annotations
