@@ -17,6 +17,7 @@ token by token, never the FFT:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -26,7 +27,7 @@ from variants import tiny
 from blocklab.config import MixerConfig, PositionConfig
 from blocklab.config.validate import validate_model
 from blocklab.errors import ConfigError
-from blocklab.model import conv
+from blocklab.model import conv, seqops
 from blocklab.model.cache import DecodeCache
 from blocklab.model.conv import GatedConv, fft_conv, packed_conv
 from blocklab.model.mixer import Sequence
@@ -213,8 +214,9 @@ def test_short_taps_blind_to_documents_fail_the_packed_reference(monkeypatch):
     """Negative control: the short convolution's taps reaching into the previous document."""
     cfg = _cfg(3, False)
     mixer = _mixer(cfg, True)
-    short = conv.short_conv
-    monkeypatch.setattr(conv, "short_conv", lambda x, w, b, lags, doc=None: short(x, w, b, lags))
+    short = seqops.short_conv
+    monkeypatch.setattr(seqops, "short_conv", lambda x, w, b, rows, **kw: short(
+        x, w, b, dataclasses.replace(rows, docs=None), **kw))
     with pytest.raises(AssertionError):
         _check_layout(mixer, cfg, "packed")
 

@@ -4,7 +4,9 @@ invariants of test_invariants.py and test_cache.py.
 
 - chunked prefill of a left-padded batch, then decoding, equals each row's full forward;
 - ``select(rows)`` (shared-prefix scoring: one prefill, several continuations per row) equals
-  recomputing each continuation, for the growing and the fixed-shape (static) cache;
+  recomputing each continuation, for the growing and the fixed-shape (static) cache, after a
+  prefill and after a decode step;
+- every accepted short-convolution tap count of every mixer that has one decodes;
 - ``reset()`` empties a static cache in place: decoding again gives the same logits;
 - the decode state's bytes are what the estimator says (``state_bytes``), at two capacities;
 - negative controls: deliberately broken mixers fail these checks and the grid invariants.
@@ -101,6 +103,58 @@ def test_selected_rows_continue_like_recompute(cfg):
             want = _full(model, torch.cat((ids[r: r + 1, valid[r]], cont[j: j + 1]), 1), one)
             torch.testing.assert_close(got[j], want[0, -4:], atol=ATOL, rtol=0,
                                        msg=f"selected row {j} (prompt {r}), static={static}")
+
+
+@params(DEC, ED)
+def test_select_works_after_any_decode_step(cfg):
+    """Regression (issue 42): ``select`` of a static cache after a forward shorter than
+    ``max(rows) + 1`` (a decode step) raised IndexError — the write slots, one for all rows,
+    were sliced by row. Prefill, one step, select rows [2, 0, 0, 1], continue: equal to
+    recomputing each row, growing and static."""
+    model = build_model(cfg).eval()
+    ids, valid, src = _batch(cfg)
+    positions = torch.where(valid, valid.long().cumsum(-1) - 1, 0)
+    rows, step = torch.tensor([2, 0, 0, 1]), torch.randint(0, VOCAB, (3, 1))
+    cont = torch.randint(0, VOCAB, (4, 2))
+    for static in (False, True):
+        prepared = model.prepare(**src)
+        cache = model.new_cache(3, 24, static=static)
+        with torch.no_grad():
+            model.decode(ids, positions=positions, valid=valid, cache=cache, **prepared)
+            model.decode(step, positions=positions[:, -1:] + 1, valid=None, cache=cache,
+                         **prepared)
+            chosen = cache.select(rows)
+            picked = {k: None if v is None else v.index_select(0, rows)
+                      for k, v in prepared.items()}
+            start = valid.long().sum(-1).index_select(0, rows)[:, None] + 1
+            got = model.decode(cont, positions=start + torch.arange(2), valid=None,
+                               cache=chosen, **picked)
+        for j, r in enumerate(rows.tolist()):
+            one = {k: v[r: r + 1] for k, v in src.items()}
+            seq = torch.cat((ids[r: r + 1, valid[r]], step[r: r + 1], cont[j: j + 1]), 1)
+            torch.testing.assert_close(got[j], _full(model, seq, one)[0, -2:], atol=ATOL,
+                                       rtol=0, msg=f"row {j} (prompt {r}), static={static}")
+
+
+#: every mixer with a short convolution, its option, and the tap counts it accepts
+SHORT_CONVS = [("linear", "short_conv", (0, 1, 2, 3)), ("gated_conv", "short_conv", (1, 2, 3)),
+               ("ssm", "d_conv", (1, 2, 3))]
+
+
+@pytest.mark.parametrize(("mixer", "option", "taps"),
+                         [(m, o, k) for m, o, ks in SHORT_CONVS for k in ks],
+                         ids=[f"{m}-{k}" for m, _, ks in SHORT_CONVS for k in ks])
+def test_every_accepted_short_convolution_decodes(mixer, option, taps):
+    """Regression (issue 42): linear attention with ``short_conv=1`` could not decode (its
+    state had no tail). Every accepted tap count of every mixer with a short convolution:
+    chunked prefill then steps, and select, equal recompute (growing and static caches)."""
+    from blocklab.config.validate import validate_model
+
+    cfg = tiny(DEC, PositionConfig(name="none"),
+               mixer=MixerConfig(name=mixer, **{option: taps}))
+    validate_model(cfg)  # an accepted value
+    test_chunked_prefill_of_left_padded_rows_then_decoding_equals_each_row_alone(cfg)
+    test_select_works_after_any_decode_step(cfg)
 
 
 @params(DEC, ED)

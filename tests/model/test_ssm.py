@@ -342,7 +342,7 @@ def test_a_bf16_model_keeps_its_state_in_fp32_and_stays_close_to_fp32():
         half = mixer.to(torch.bfloat16)
         got = half(x[:, :5].bfloat16(), _seq(2, 5), state)
         got = torch.cat((got, half(x[:, 5:].bfloat16(), _seq(2, 4), state)), 1)
-    assert state.h.dtype == torch.float32 and state.conv.dtype == torch.bfloat16
+    assert state.h.dtype == torch.float32 and state.tail.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
 
 

@@ -1,5 +1,6 @@
-"""Softmax attention: the ``softmax`` sequence mixer (full, local/windowed, fixed-shape) with
-its decode states, cross-attention, and the head layouts (MHA / GQA / MQA). Which key a query
+"""Softmax attention: the ``softmax`` sequence mixer (full, local/windowed, fixed-shape),
+cross-attention, and the head layouts (MHA / GQA / MQA). Its decode states and the key books
+they share (``History`` / ``Ring`` / ``Fixed``, cross-attention's ``CrossKV``) are in kv.py. Which key a query
 may see is decided in masks.py only; this file consumes a
 :class:`~blocklab.model.masks.Visibility` from :meth:`Sequence.visibility
 <blocklab.model.mixer.Sequence.visibility>`.
@@ -16,72 +17,15 @@ from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
 from blocklab.config.checks import require
-from blocklab.model import masks
-from blocklab.model.cache import DecodeCache, Ring, check_no_grad, ring_slots
+from blocklab.model import masks, seqops
+from blocklab.model.cache import check_no_grad
+from blocklab.model.kv import CrossKV, FixedKVState, KVState, RingState, ring_slots
 from blocklab.model.mixer import Mixer, Sequence, State
 from blocklab.model.position import apply_rotary
 
 #: A local layer computes attention in blocks of at least this many queries (each over its
 #: band of 2 or 3 blocks of keys) once the sequence spans more than two blocks.
 MIN_BLOCK = 32
-
-
-# ----------------------------------------------------------------------------- decode states
-
-class KVState(State):
-    """Every key so far: ``capacity`` slots of K and V, written at ``[length, length + T)``."""
-
-    books = (("history",),)
-
-    def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
-        self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)  # (B, Hkv, C, D)
-
-    def write(self, cache: DecodeCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        start, end = cache.length, cache.length + k.shape[2]
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, Tk, D)
-
-
-class RingState(State):
-    """A local layer's last ``S = min(window - 1, capacity)`` keys per row (the ring book says
-    which slot holds which token): memory proportional to the window, not the context."""
-
-    def __init__(self, batch: int, n_kv_heads: int, slots: int, d_head: int, *,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
-        self.books = (("ring", slots),)
-        self.k = torch.zeros(batch, n_kv_heads, slots, d_head, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)  # (B, Hkv, S, D)
-
-    def write(self, cache: DecodeCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        book = cache.book(self.books[0])
-        assert isinstance(book, Ring)
-        keys, values = torch.cat((self.k, k), 2), torch.cat((self.v, v), 2)  # (B, Hkv, S+T, D)
-        if book.pending is not None:  # after the copy above: this forward still sees the ring
-            rows, cols, slots = book.pending
-            self.k[rows, :, slots] = k[rows, :, cols]
-            self.v[rows, :, slots] = v[rows, :, cols]
-        return keys, values
-
-
-class FixedKVState(State):
-    """``capacity`` slots written at the cache's tensor index (compiled decoding): the whole
-    buffer is attended, unwritten slots masked by the fixed book's validity and orders."""
-
-    books = (("fixed",),)
-
-    def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
-        self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-
-    def write(self, cache: DecodeCache, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        slots = cache.book(self.books[0]).slots
-        self.k.index_copy_(2, slots, k)
-        self.v.index_copy_(2, slots, v)
-        return self.k, self.v
 
 
 # ------------------------------------------------------------------------------------ mixers
@@ -162,13 +106,16 @@ class SoftmaxAttention(Mixer):
             o = self._banded(q, k, v, seq)
             if state is not None:  # prefill: the ring still keeps this forward's last keys
                 check_no_grad(k)
-                state.write(seq.cache, k.transpose(1, 2), v.transpose(1, 2))
+                state.write(seq.cache.book(state.key), k.transpose(1, 2), v.transpose(1, 2))
             return self.out(o)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
-        if state is not None:
-            check_no_grad(k)
-            k, v = state.write(seq.cache, k, v)  # (B, Hkv, Tk, D)
-        return self.out(_merge(_sdpa(self, q, k, v, seq.visibility(self.window))))
+        if state is None:
+            return self.out(_merge(_sdpa(self, q, k, v, seq.visibility(self.window))))
+        check_no_grad(k)
+        book = seq.cache.book(state.key)  # the keys' positions / validity / orders (kv.py)
+        k, v = state.write(book, k, v)  # (B, Hkv, Tk, D)
+        vis = seq.visibility(self.window, book.keys, share=state.key)
+        return self.out(_merge(_sdpa(self, q, k, v, vis)))
 
     @property
     def block(self) -> int:
@@ -182,13 +129,11 @@ class SoftmaxAttention(Mixer):
         b, t = qkv.shape[:2]
         h, hkv, block = self.n_heads, self.n_kv_heads, self.block
         positions, segments, valid = seq.positions, seq.segments, seq.valid
-        order = None
+        rows = seqops.compact(seq)
         if valid is not None:  # real tokens first, so orders grow by one along the row
-            order = torch.sort((~valid.bool()).to(torch.int8), dim=1, stable=True).indices
-            qkv = qkv.gather(1, order[:, :, None, None].expand_as(qkv))
-            positions = positions.gather(1, order)
-            segments = None if segments is None else segments.gather(1, order)
-            valid = valid.bool().gather(1, order)
+            qkv, positions = rows.gather(qkv), rows.gather(positions)
+            segments = None if segments is None else rows.gather(segments)
+            valid = rows.real
         tp = -(-t // block) * block  # padded to whole blocks
         pad = tp - t
         real = torch.ones(b, t, dtype=torch.bool, device=qkv.device) if valid is None else valid
@@ -209,9 +154,7 @@ class SoftmaxAttention(Mixer):
         kv = kv.reshape(b * nb, -1, 2 * hkv, qkv.shape[-1]).transpose(1, 2)  # (B·nb, 2Hkv, K, D)
         o = _sdpa(self, q, kv[:, :hkv], kv[:, hkv:], vis)  # (B·nb, H, L, D)
         o = o.transpose(1, 2).reshape(b, tp, -1)[:, :t]  # (B, T, H·D)
-        if order is not None:  # back to the caller's token order
-            o = torch.empty_like(o).scatter_(1, order[:, :, None].expand_as(o), o)
-        return o
+        return rows.scatter(o)  # back to the caller's token order
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
@@ -266,7 +209,8 @@ def projection_params(cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_
 
 class CrossAttention(nn.Module):
     """Decoder queries over encoder outputs ("Attention Is All You Need", arXiv 1706.03762).
-    The encoder's K/V are computed once per generation and kept in the cache. Cross-attention
+    The encoder's K/V are computed once per generation and kept in its decode state
+    (:class:`~blocklab.model.kv.CrossKV`). Cross-attention
     is softmax attention in every model; it is not a sequence mixer."""
 
     def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
@@ -280,15 +224,20 @@ class CrossAttention(nn.Module):
     param_count = staticmethod(projection_params)
 
     def forward(self, x: Tensor, memory: Tensor, visibility: masks.Visibility,
-                cache: DecodeCache | None, layer: int) -> Tensor:
+                state: CrossKV | None) -> Tensor:
         q = _heads(self.q(x), self.n_heads)  # (B, H, Tq, D)
-        kv = cache.cross[layer] if cache is not None else None
-        if kv is None:
+        if state is not None and state.k is not None:
+            k, v = state.k, state.v
+        else:
             k, v = self.kv(memory).chunk(2, dim=-1)  # (B, S, Hkv*D) x2
-            kv = (_heads(k, self.n_kv_heads), _heads(v, self.n_kv_heads))  # (B, Hkv, S, D)
-            if cache is not None:
-                cache.cross[layer] = kv
-        return self.out(_merge(_sdpa(self, q, kv[0], kv[1], visibility)))
+            k, v = _heads(k, self.n_kv_heads), _heads(v, self.n_kv_heads)  # (B, Hkv, S, D)
+            if state is not None:
+                state.k, state.v = k, v
+        return self.out(_merge(_sdpa(self, q, k, v, visibility)))
+
+    def new_state(self) -> CrossKV:
+        """The decode state: the source's K/V, kept from the first forward on."""
+        return CrossKV()
 
 
 # ------------------------------------------------------------------------------ head layouts

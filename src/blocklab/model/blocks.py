@@ -40,6 +40,12 @@ class Context:
         cache = self.seq.cache
         return None if cache is None else cache.states[layer]
 
+    def cross_state(self, layer: int):
+        """Layer ``layer``'s cross-attention state (the source's K/V; None without a
+        cache)."""
+        cache = self.seq.cache
+        return None if cache is None else cache.cross[layer]
+
 
 def identity(x: Tensor) -> Tensor:
     """What a disabled dropout or norm slot does, without a module call."""
@@ -85,8 +91,8 @@ class Block(nn.Module):
         """The residual branches in order, each a function of its (normed) input."""
         subs = [lambda h: self.attn(h, ctx.seq, ctx.state(self.layer))]
         if self.cross is not None:
-            subs.append(lambda h: self.cross(h, ctx.memory, ctx.cross_visibility, ctx.cache,
-                                             self.layer))
+            subs.append(lambda h: self.cross(h, ctx.memory, ctx.cross_visibility,
+                                             ctx.cross_state(self.layer)))
         subs.append(self.ffn)
         return subs
 

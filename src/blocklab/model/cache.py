@@ -3,25 +3,25 @@ mixer (mixer.py). Generation, objectives and probes treat it as opaque: they mak
 ``model.new_cache(batch, capacity)``, pass it to forwards, and may ``select`` rows of it
 (shared-prefix scoring) or ``reset`` it (compiled decoding reuses one).
 
-What every layer shares lives here once: how many real tokens each row holds (``seen``, the
-token orders a window counts), the position after each row's last real token (a caller's loop
-that passes no positions continues from it), and *key books* — the positions, validity and
-orders of the keys a score-based mixer attends over, one book per kind of key buffer:
+The cache knows no mixer's layout. What every layer shares lives here once — how many real
+tokens each row holds (``seen``, the token orders a window counts), the position after each
+row's last real token (a caller's loop that passes no positions continues from it), how many
+slots are written — and each forward's new tokens are described once, as a :class:`Step`
+(:meth:`DecodeCache.begin`), which a mixer passes to its state explicitly: a state never
+reads the cache.
 
-- ``History``: every token so far, slots ``[0, length)`` (global softmax layers);
-- ``Ring(slots)``: the last ``slots`` real tokens of each row, token order ``o`` in slot
-  ``o mod slots`` (local softmax layers: ``min(window - 1, capacity)`` slots);
-- ``Fixed``: ``capacity`` slots written at a tensor index, every shape fixed (compiled
-  decoding); causality and windows by token order, unwritten slots invalid.
+What several layers of one kind share beyond that — softmax attention's *key books*, the
+positions / validity / orders of the keys (kv.py) — is a :class:`Book`: a state names the
+books it relies on (``State.books``: key -> constructor), the cache makes each key once, runs
+its :meth:`Book.begin` once per forward before any layer, and copies / empties it with the
+states. Cross-attention's K/V of an encoder–decoder are states too (``cross``, one per layer).
 
-A state names the books it reads (``State.books``); the cache makes each book once and updates
-it once per forward (:meth:`DecodeCache.begin`), before any layer runs.
-
-Shape legend: B batch, C capacity, S ring slots, T new tokens.
+Shape legend: B batch, C capacity, T new tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,173 +33,109 @@ from blocklab.model.mixer import State
 
 
 @dataclass(frozen=True)
-class Keys:
-    """The keys one score-based layer attends over in this forward (None: not tracked)."""
+class Step:
+    """One forward's new tokens, as the shared bookkeeping sees them (made by
+    :meth:`DecodeCache.begin`; states and books receive it as an argument)."""
 
-    positions: Tensor  # (B, Tk)
-    valid: Tensor | None  # (B, Tk) bool; None = no padding
-    order: Tensor | None = None  # (B, Tk): set, causality (and windows) go by token order
-    q_order: Tensor | None = None  # (B, T) the new tokens' orders (with ``order``)
+    positions: Tensor  # (B, T) position ids
+    real: Tensor | None  # (B, T) bool; None = no padding
+    order: Tensor  # (B, T) each token's index among its row's real tokens so far
+    before: Tensor  # (B,) real tokens per row before this forward
+    seen: Tensor  # (B,) real tokens per row after it
+    start: int | Tensor  # first slot written: an int (growing), the 0-d write index (static)
+    capacity: int
+    static: bool
+
+    @property
+    def length(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def end(self) -> int:
+        """Slots that may hold a token after this forward: ``start + T`` (growing), the whole
+        ``capacity`` (static: every shape fixed)."""
+        return self.capacity if self.static else int(self.start) + self.length
+
+    def slots(self) -> Tensor:
+        """(T,) the slots this forward's tokens are written to."""
+        return self.start + torch.arange(self.length, device=self.positions.device)
 
 
 class Book:
-    """Bookkeeping of one kind of key buffer, shared by every layer that uses it."""
+    """Bookkeeping several layers' states share (made once per key, updated once per
+    forward): per-row tensors (dim 0 = rows) copied by ``select`` and zeroed by ``reset``;
+    the attributes named in ``transient`` hold what one forward computed and are dropped."""
 
-    def begin(self, cache: DecodeCache, positions: Tensor, real: Tensor | None) -> None:
+    transient: tuple[str, ...] = ()
+
+    def begin(self, step: Step) -> None:
         raise NotImplementedError
 
     def tensors(self) -> dict[str, Tensor]:
-        return {k: v for k, v in vars(self).items() if isinstance(v, Tensor)}
+        return {k: v for k, v in vars(self).items()
+                if isinstance(v, Tensor) and k not in self.transient}
+
+    def forget(self) -> None:
+        for name in self.transient:
+            setattr(self, name, None)
 
     def select(self, rows: Tensor) -> Book:
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
         for name, t in self.tensors().items():
-            if t.dim():  # per-row tensors; a 0-d write index is shared
-                setattr(new, name, t.index_select(0, rows))
-            else:
-                setattr(new, name, t.clone())
-        new.keys = None
+            setattr(new, name, t.index_select(0, rows))
+        new.forget()
         return new
 
     def reset(self) -> None:
         for t in self.tensors().values():
             t.zero_()
+        self.forget()
 
 
-class History(Book):
-    """Every token so far (slots ``[0, length)``)."""
-
-    def __init__(self, batch: int, capacity: int, device: torch.device | str) -> None:
-        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
-        self.has_padding = False
-        self.keys: Keys | None = None
-
-    def begin(self, cache: DecodeCache, positions: Tensor, real: Tensor | None) -> None:
-        start, end = cache.length, cache.length + positions.shape[1]
-        self.positions[:, start:end] = positions
-        self.valid[:, start:end] = True if real is None else real
-        if real is not None and not self.has_padding:
-            self.has_padding = not bool(real.all())
-        self.keys = Keys(self.positions[:, :end], self.valid[:, :end] if self.has_padding else None)
-
-
-class Ring(Book):
-    """The last ``slots`` real tokens of every row, order ``o`` in slot ``o mod slots``; this
-    forward's keys are the ring, then the new tokens. ``pending`` says which new token goes to
-    which slot (the states write their K/V there after attending)."""
-
-    def __init__(self, batch: int, slots: int, device: torch.device | str) -> None:
-        self.slots = slots
-        self.positions = torch.zeros(batch, slots, dtype=torch.long, device=device)
-        self.order = torch.zeros(batch, slots, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
-        self.keys: Keys | None = None
-        self.pending: tuple[Tensor, Tensor, Tensor] | None = None
-
-    def begin(self, cache: DecodeCache, positions: Tensor, real: Tensor | None) -> None:
-        q_order = cache.q_order
-        real = torch.ones_like(positions, dtype=torch.bool) if real is None else real
-        self.keys = Keys(torch.cat((self.positions, positions), 1),
-                         torch.cat((self.valid, real), 1),
-                         torch.cat((self.order, q_order), 1), q_order)
-        self.pending = None
-        if self.slots:  # the last S real tokens of each row go to the ring, after attention
-            keep = real & (q_order >= cache.seen[:, None] - self.slots)
-            rows, cols = keep.nonzero(as_tuple=True)
-            order = q_order[rows, cols]
-            slots = order % self.slots
-            self.pending = (rows, cols, slots)
-            self.positions[rows, slots] = positions[rows, cols]
-            self.order[rows, slots] = order
-            self.valid[rows, slots] = True
-
-    def select(self, rows: Tensor) -> Ring:
-        new = super().select(rows)
-        new.pending = None
-        return new  # type: ignore[return-value]
-
-
-class Fixed(Book):
-    """``capacity`` slots written at the cache's write index (a 0-d tensor advanced in
-    place): the same shapes at every step, for compiled decoding. Keys are the whole buffer;
-    causality and windows go by token order, so unwritten (invalid) and later slots are never
-    seen."""
-
-    def __init__(self, batch: int, capacity: int, device: torch.device | str) -> None:
-        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
-        self.order = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.slots: Tensor | None = None  # this forward's slots
-        self.keys: Keys | None = None
-        for t in self.tensors().values():
-            torch._dynamo.mark_static_address(t)
-
-    def begin(self, cache: DecodeCache, positions: Tensor, real: Tensor | None) -> None:
-        t = positions.shape[1]
-        real = torch.ones_like(positions, dtype=torch.bool) if real is None else real
-        self.slots = slots = cache.index + torch.arange(t, device=positions.device)
-        self.positions.index_copy_(1, slots, positions)
-        self.valid.index_copy_(1, slots, real)
-        self.order.index_copy_(1, slots, cache.q_order)
-        self.keys = Keys(self.positions, self.valid, self.order, cache.q_order)
-
-    def select(self, rows: Tensor) -> Fixed:
-        new = super().select(rows)
-        for t in new.tensors().values():
-            torch._dynamo.mark_static_address(t)
-        return new  # type: ignore[return-value]
-
-
-def ring_slots(window: int, capacity: int) -> int:
-    """Slots a local layer keeps: every key a later query's window can still reach."""
-    return min(window - 1, capacity)
-
-
-def make_book(key: tuple[Any, ...], batch: int, capacity: int,
-              device: torch.device | str) -> Book:
-    kind = key[0]
-    if kind == "history":
-        return History(batch, capacity, device)
-    if kind == "ring":
-        return Ring(batch, key[1], device)
-    if kind == "fixed":
-        return Fixed(batch, capacity, device)
-    raise ValueError(f"unknown key book {key!r}")
+def _mark_static(tensors: list[Tensor]) -> None:
+    for t in tensors:
+        torch._dynamo.mark_static_address(t)
 
 
 class DecodeCache:
-    """Shared token bookkeeping plus one decode state per layer of one (causal) stack.
+    """Shared token bookkeeping plus one decode state per layer of one (causal) stack, and
+    the books and cross-attention states beside them (see the module docstring).
 
     The states are written in place, so decoding runs without autograd (``torch.no_grad`` or
-    ``torch.inference_mode``); a forward with gradients on is refused. Cross-attention K/V of
-    an encoder–decoder are computed once per generation and kept in ``cross``."""
+    ``torch.inference_mode``); a forward with gradients on is refused."""
 
     def __init__(self, states: list[State | None], *, batch: int, capacity: int,
                  device: torch.device | str, static: bool = False,
-                 signature: tuple[Any, ...] = ()) -> None:
+                 signature: tuple[Any, ...] = (),
+                 cross: list[State | None] | None = None) -> None:
         self.states = states
+        self.cross = cross if cross is not None else [None] * len(states)
         self.batch, self._capacity, self.static = batch, capacity, static
         self.signature = signature  # what the stack checks it was made for
-        self.books: dict[tuple[Any, ...], Book] = {}
-        for s in states:
-            for key in (s.books if s is not None else ()):
+        self.books: dict[Hashable, Book] = {}
+        for s in self._all():
+            for key, make in s.books.items():
                 if key not in self.books:
-                    self.books[key] = make_book(key, batch, capacity, device)
-        self._orders = any(k[0] != "history" for k in self.books)
+                    self.books[key] = make(batch, capacity, device)
         self.seen = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row
         self.next_position = torch.zeros(batch, dtype=torch.long, device=device)
-        self.q_order: Tensor | None = None  # this forward's token orders (when a book needs them)
+        self.step: Step | None = None  # this forward's tokens (after begin)
         self._length = 0
-        self.cross: list[tuple[Tensor, Tensor] | None] = [None] * len(states)
         if static:
             self.index = torch.zeros((), dtype=torch.long, device=device)  # next slot to write
-            for t in (self.seen, self.next_position, self.index):
-                torch._dynamo.mark_static_address(t)
-            for s in states:
-                for t in (s.static_tensors() if s is not None else ()):
-                    torch._dynamo.mark_static_address(t)
+            self._mark()
+
+    def _all(self) -> list[State]:
+        return [s for s in (*self.states, *self.cross) if s is not None]
+
+    def _mark(self) -> None:
+        """Static buffers for CUDA-graph replay of a compiled step."""
+        _mark_static([self.seen, self.next_position, self.index])
+        for s in self._all():
+            _mark_static(s.static_tensors())
+        for book in self.books.values():
+            _mark_static(list(book.tensors().values()))
 
     @property
     def capacity(self) -> int:
@@ -213,27 +149,18 @@ class DecodeCache:
     @property
     def nbytes(self) -> int:
         """Bytes held by the layers' decode states (what the estimator's state formula
-        counts; the shared bookkeeping — a few integers per slot — is not counted)."""
+        counts; the shared bookkeeping — a few integers per slot — and the cross-attention
+        K/V of the source are not counted)."""
         return sum(s.nbytes for s in self.states if s is not None)
 
-    def keys(self, window: int | None) -> Keys:
-        """The keys a score-based layer with this ``window`` attends over in this forward."""
-        if self.static:
-            key: tuple[Any, ...] = ("fixed",)
-        elif window is None:
-            key = ("history",)
-        else:
-            key = ("ring", ring_slots(window, self.capacity))
-        keys = self.books[key].keys
-        assert keys is not None, "DecodeCache.keys() before begin()"
-        return keys
-
-    def book(self, key: tuple[Any, ...]) -> Book:
+    def book(self, key: Hashable) -> Book:
+        """The shared book ``key`` (a state named it in ``State.books``)."""
         return self.books[key]
 
-    def begin(self, positions: Tensor, valid: Tensor | None) -> None:
-        """Record this forward's new tokens (positions, validity) in the shared bookkeeping,
-        before any layer runs."""
+    def begin(self, positions: Tensor, valid: Tensor | None) -> Step:
+        """Record this forward's new tokens (positions, validity) in the shared bookkeeping
+        and the books, before any layer runs; returns (and keeps, ``step``) their
+        :class:`Step`."""
         b, t = positions.shape
         if not self.static and self._length + t > self.capacity:
             raise ValueError(f"KV cache full: {self._length + t} tokens > capacity "
@@ -248,15 +175,19 @@ class DecodeCache:
             self.next_position.copy_(torch.maximum(self.next_position, ends.amax(-1)))
         else:
             self.next_position = torch.maximum(self.next_position, ends.amax(-1))
-        if self._orders or self.static:
-            self.q_order = self.seen[:, None] + token_order(valid, b, t, positions.device)
+        before = self.seen.clone()
+        order = before[:, None] + token_order(valid, b, t, positions.device)
         n_real = t if real is None else real.sum(-1)
         if self.static:
             self.seen.add_(n_real)
         else:
             self.seen = self.seen + n_real
-        for book in self.books.values():  # they see ``seen`` with this forward's tokens
-            book.begin(self, positions, real)
+        self.step = Step(positions=positions, real=real, order=order, before=before,
+                         seen=self.seen, start=self.index if self.static else self._length,
+                         capacity=self.capacity, static=self.static)
+        for book in self.books.values():
+            book.begin(self.step)
+        return self.step
 
     def advance(self, n: int) -> None:
         """After every layer ran: ``n`` more slots are written."""
@@ -264,6 +195,7 @@ class DecodeCache:
             self.index.add_(n)
         else:
             self._length += n
+        self.step = None
 
     def next_positions(self) -> Tensor:
         """(B,) the position after each row's last real cached token."""
@@ -271,39 +203,36 @@ class DecodeCache:
 
     def select(self, rows: Tensor) -> DecodeCache:
         """A new cache whose row ``j`` is a copy of row ``rows[j]`` of this one (rows may
-        repeat), so several continuations of each prefix run from one prefill."""
+        repeat), so several continuations of each prefix run from one prefill. Works after
+        any forward: per-forward values are not copied, and the static write index is one
+        for all rows."""
         new = object.__new__(DecodeCache)
         new.__dict__.update(self.__dict__)
         new.batch = rows.shape[0]
         new.states = [None if s is None else s.select(rows) for s in self.states]
+        new.cross = [None if s is None else s.select(rows) for s in self.cross]
         new.books = {k: b.select(rows) for k, b in self.books.items()}
         new.seen = self.seen.index_select(0, rows)
         new.next_position = self.next_position.index_select(0, rows)
-        new.q_order = None
-        new.cross = [None if kv is None else tuple(t.index_select(0, rows) for t in kv)
-                     for kv in self.cross]
+        new.step = None
         if self.static:
             new.index = self.index.clone()
-            for t in (new.seen, new.next_position, new.index):
-                torch._dynamo.mark_static_address(t)
+            new._mark()
         return new
 
     def reset(self) -> None:
         """Empty the cache in place (same buffers, so a compiled step keeps replaying): every
         state is zeroed too, so no stale value can reach a masked score as NaN."""
-        for s in self.states:
-            if s is not None:
-                s.reset()
+        for s in self._all():
+            s.reset()
         for book in self.books.values():
             book.reset()
-            if isinstance(book, History):
-                book.has_padding = False
         self.seen.zero_()
         self.next_position.zero_()
         if self.static:
             self.index.zero_()
         self._length = 0
-        self.cross = [None] * len(self.cross)
+        self.step = None
 
 
 def check_no_grad(t: Tensor) -> None:

@@ -16,9 +16,9 @@ It is in blocklab because it is the reference point that fails associative recal
   alike (a sequence longer than ``L`` is not refused; the filter just stops there).
 
 Exactness: every convolution counts *real tokens* — a row's real tokens move to the front
-with a stable sort before convolving and back after (the trick of attention.py's ``_banded``),
+before convolving and back after (seqops.py's compacted rows, shared with the other mixers),
 so left, right and inner padding give the row-alone outputs — and packed documents never mix:
-the short taps are masked at document boundaries, and the long filter restarts at each
+the short taps never cross a document boundary (seqops.short_conv), and the long filter restarts at each
 document by :func:`packed_conv` (a divide-and-conquer over power-of-two blocks, exact and
 shape-static; cost ``O(T · log² T · d)``). Without packing the long convolution is one FFT of
 length ``2T`` (:func:`fft_conv`, ``O(T log T · d)``).
@@ -42,7 +42,8 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
 from blocklab.config.checks import require
-from blocklab.model.cache import DecodeCache, check_no_grad
+from blocklab.model import seqops
+from blocklab.model.cache import Step, check_no_grad
 from blocklab.model.mixer import Mixer, Sequence, State
 
 # ------------------------------------------------------------------------- the convolutions
@@ -118,23 +119,6 @@ def packed_conv(w: Tensor, doc: Tensor, pos: Tensor, neg: Tensor | None = None) 
     return y[:, :t]
 
 
-def short_conv(x: Tensor, weight: Tensor, bias: Tensor, lags: range,
-               doc: Tensor | None = None) -> Tensor:
-    """``y_t = bias + Σ_i weight[:, i] · x_{t - lags[i]}``, zero outside the row and, with
-    ``doc`` (B, T), across document boundaries: x (B, T, d) -> (B, T, d)."""
-    t = x.shape[1]
-    back, ahead = max(lags), max(-min(lags), 0)
-    xp = F.pad(x, (0, 0, back, ahead))  # (B, back + T + ahead, d)
-    dp = None if doc is None else F.pad(doc, (back, ahead), value=-2)
-    y = bias.to(x.dtype)
-    for i, lag in enumerate(lags):
-        shifted = xp[:, back - lag: back - lag + t]  # x_{t - lag}
-        if dp is not None:
-            shifted = shifted * (dp[:, back - lag: back - lag + t] == doc)[..., None]
-        y = y + weight[:, i].to(x.dtype) * shifted
-    return y
-
-
 def gate(g: Tensor, c: Tensor) -> Tensor:
     """The one multiplicative interaction of the operator (BaseConv's ``⊙``, H3's and Hyena's
     gates): the convolution's output modulated per token and channel by ``W_g x``."""
@@ -167,8 +151,8 @@ class GatedConv(Mixer):
         d, k, n = m.d_model, m.mixer.short_conv, m.max_seq_len
         self.proj = nn.Linear(d, 2 * d)  # u and the gate g
         self.out = nn.Linear(d, d)
-        back = k - 1 if causal else k // 2
-        self.lags = range(back - k + 1, back + 1)  # tap i sees x_{t - lags[i]}
+        #: taps after the token (bidirectional: centred); tap i of ``short`` sees x_{t-i+ahead}
+        self.ahead = 0 if causal else k - 1 - k // 2
         self.short = nn.Parameter(torch.empty(d, k))
         self.short_bias = nn.Parameter(torch.zeros(d))
         self.long = nn.Parameter(torch.empty(d, n)) if m.mixer.long_conv else None
@@ -188,55 +172,48 @@ class GatedConv(Mixer):
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         u, g = self.proj(x).chunk(2, dim=-1)  # (B, T, d) each
-        order = real = None
-        if seq.valid is not None:  # real tokens first, in order, padding zeroed behind them
-            order = torch.sort((~seq.valid.bool()).to(torch.int8), dim=1, stable=True).indices
-            real = seq.valid.bool().gather(1, order)
-            u = u.gather(1, order[..., None].expand_as(u)) * real[..., None]
+        rows = seqops.compact(seq)  # real tokens first, in order, padding behind them
+        u = rows.gather(u).float()
         if state is None:
-            c = self._convolve(u.float(), _documents(seq, order, real), real)
+            c = self._convolve(u, rows)
         else:
             assert isinstance(state, ConvState) and seq.cache is not None
             check_no_grad(u)
-            c = self._decode(u, seq.cache, state, real)
-        if order is not None:  # back to the caller's token order
-            c = torch.empty_like(c).scatter_(1, order[..., None].expand_as(c), c)
+            c = self._decode(u, seq.cache.step, state, rows)
+        c = rows.scatter(c)  # back to the caller's token order
         return self.out(gate(g, c.to(g.dtype)))
 
-    def _convolve(self, u: Tensor, doc: Tensor | None, real: Tensor | None) -> Tensor:
+    def _short(self, u: Tensor, rows: seqops.Compact,
+               tail: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The short convolution (seqops.short_conv, ``short`` flipped to conv1d's
+        orientation), padding's outputs zeroed: padding never enters the long filter."""
+        w, tail = seqops.short_conv(u, self.short.flip(1), self.short_bias, rows,
+                                    ahead=self.ahead, tail=tail)
+        return (w if rows.real is None else w * rows.real[..., None]), tail
+
+    def _convolve(self, u: Tensor, rows: seqops.Compact) -> Tensor:
         """Training / encoder forward over compacted rows: (B, T, d) fp32."""
-        w = short_conv(u, self.short, self.short_bias, self.lags, doc)
-        if real is not None:
-            w = w * real[..., None]  # padding never enters the long filter
+        w, _ = self._short(u, rows)
         if self.long is None:
             return w
-        if doc is None:
+        if rows.docs is None:
             return fft_conv(w, self.long, self.long_ahead)
-        return packed_conv(w, doc, self.long, self.long_ahead)
+        return packed_conv(w, rows.docs, self.long, self.long_ahead)
 
-    def _decode(self, u: Tensor, cache: DecodeCache, state: ConvState,
-                real: Tensor | None) -> Tensor:
+    def _decode(self, u: Tensor, step: Step, state: ConvState, rows: seqops.Compact) -> Tensor:
         """A forward of T new tokens continuing the state (prefill chunk or step)."""
-        b, t, d = u.shape
-        n_real = (torch.full((b,), t, device=u.device) if real is None
-                  else real.sum(-1))  # (B,)
-        ext = torch.cat((state.tail.to(u.dtype), u), 1)  # (B, k-1+T, d)
-        keep = n_real[:, None] + torch.arange(state.tail.shape[1], device=u.device)
-        w = short_conv(ext.float(), self.short, self.short_bias, self.lags)[:, -t:]
-        state.tail.copy_(ext.gather(1, keep[..., None].expand(-1, -1, d)))  # last k-1 real
-        if real is not None:
-            w = w * real[..., None]
+        w, tail = self._short(u, rows, state.tail)
+        state.tail.copy_(tail)  # the last k - 1 real inputs
         if self.long is None:
             return w
-        return self._decode_long(w, cache, state, n_real)
+        return self._decode_long(w, step, state)
 
-    def _decode_long(self, w: Tensor, cache: DecodeCache, state: ConvState,
-                     n_real: Tensor) -> Tensor:
+    def _decode_long(self, w: Tensor, step: Step, state: ConvState) -> Tensor:
         """Write this forward's real long-filter inputs at their orders (fixed shapes, in
         place), then convolve the buffer: directly for one token (O(C · d)), else by FFT."""
         b, t, d = w.shape
-        seen = cache.seen - n_real  # (B,) real tokens before this forward
-        end = cache.capacity if cache.static else cache.length + t  # slots that may be used
+        seen, n_real = step.before, step.seen - step.before  # (B,) real tokens before, new
+        end = step.end  # slots that may be used
         slot = torch.arange(end, device=w.device) - seen[:, None]  # (B, end) index in w
         written = ((slot >= 0) & (slot < n_real[:, None]))[..., None]
         new = w.gather(1, slot.clamp(0, t - 1)[..., None].expand(b, end, d))
@@ -293,18 +270,6 @@ class GatedConv(Mixer):
         require(m.mixer.short_conv >= 1, f"{key}.short_conv", m.mixer.short_conv,
                 "gated_conv needs a short convolution of >= 1 taps",
                 f"e.g. {key}.short_conv=3")
-
-
-def _documents(seq: Sequence, order: Tensor | None, real: Tensor | None) -> Tensor | None:
-    """(B, T) document ids of the compacted row (runs of equal ids; padding -1), or None
-    without packing."""
-    starts = seq.starts()
-    if starts is None:
-        return None
-    if order is not None:
-        starts = starts.gather(1, order)
-    doc = starts.long().cumsum(-1)
-    return doc if real is None else torch.where(real, doc, -1)
 
 
 def _decaying_(f: Tensor, scale: float) -> None:

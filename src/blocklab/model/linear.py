@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
 from blocklab.config.checks import require
-from blocklab.model import masks
+from blocklab.model import masks, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.mixer import Mixer, Sequence, State
 
@@ -188,7 +188,7 @@ class LinearState(State):
         self.s = torch.zeros(batch, kv_heads, features, d_value, dtype=torch.float32,
                              device=device)
         self.z = torch.zeros(batch, kv_heads, features, dtype=torch.float32, device=device)
-        if taps > 1:
+        if taps:  # the short convolution's tail (no values with one tap)
             self.tail = torch.zeros(batch, taps - 1, d_model, dtype=dtype, device=device)
 
     def joined(self) -> Tensor:
@@ -198,39 +198,6 @@ class LinearState(State):
         """In place (the same buffers at every step: compiled decoding)."""
         self.s.copy_(after[..., :-1])
         self.z.copy_(after[..., -1])
-
-
-# -------------------------------------------------------------------------- short convolution
-
-def causal_conv(x: Tensor, weight: Tensor, bias: Tensor, *, valid: Tensor | None,
-                docs: Tensor | None, tail: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Depthwise causal convolution over the real tokens of each document: x (B, T, d),
-    weight (d, K) (tap ``K - 1`` is the token itself, as ``F.conv1d`` with ``K - 1`` left
-    padding), docs (B, T) document indices (None: one per row), tail (B, K-1, d) the real
-    inputs before x (zeros: none). Real tokens are moved to the front first (a stable sort,
-    as softmax's banded path does), so a tap steps over padding instead of reading it.
-    Returns (B, T, d) and the new tail: the last ``K - 1`` real inputs (B, K-1, d)."""
-    b, t, d = x.shape
-    taps = weight.shape[1]
-    order = None
-    if valid is not None:  # real tokens first, in order; padding after them
-        order = torch.sort((~valid.bool()).to(torch.int8), dim=1, stable=True).indices
-        x = x.gather(1, order[..., None].expand_as(x))
-        docs = None if docs is None else docs.gather(1, order)
-    head = x.new_zeros(b, taps - 1, d) if tail is None else tail.to(x.dtype)
-    ext = torch.cat((head, x), 1)  # (B, K-1+T, d)
-    y = x * weight[:, -1] + bias  # (B, T, d)
-    for j in range(1, taps):  # the token j real tokens back, when in the same document
-        back = ext[:, taps - 1 - j: taps - 1 - j + t] * weight[:, -1 - j]
-        if docs is not None:  # (no decode state with packed documents: the head is zeros)
-            before = torch.cat((docs[:, :1].expand(b, j), docs[:, :-j]), 1)
-            back = back * (before == docs)[..., None]
-        y = y + back
-    if order is not None:  # back to the caller's token order
-        y = torch.empty_like(y).scatter_(1, order[..., None].expand_as(y), y)
-    n = t if valid is None else valid.long().sum(-1, keepdim=True)  # real tokens per row
-    idx = n + torch.arange(taps - 1, device=x.device)  # (B|1, K-1) into ext
-    return y, ext.gather(1, idx.expand(b, -1)[..., None].expand(b, taps - 1, d))
 
 
 # ------------------------------------------------------------------------------------ mixer
@@ -277,9 +244,11 @@ class LinearAttention(Mixer):
         if state is not None:
             assert isinstance(state, LinearState) and self.causal
             check_no_grad(x)
-        if self.conv is not None:
-            x, tail = causal_conv(x, self.conv.weight[:, 0], self.conv.bias, valid=real,
-                                  docs=docs, tail=getattr(state, "tail", None))
+        if self.conv is not None:  # over real tokens, compacted (seqops)
+            rows = seqops.compact(seq)
+            y, tail = seqops.short_conv(rows.gather(x), self.conv.weight[:, 0], self.conv.bias,
+                                        rows, tail=None if state is None else state.tail)
+            x = rows.scatter(y)
             if state is not None:
                 state.tail.copy_(tail)
         q, k, v = self._project(x)  # (B, Hkv, g, T, E), (B, Hkv, T, E), (B, Hkv, T, V1)

@@ -9,8 +9,8 @@ encoder–decoder stays softmax attention and is not a mixer.
 A stack hands each mixer the *facts* of the sequence, :class:`Sequence` — positions, which
 tokens are real (``valid``), packed documents (``segments``), causal or bidirectional, the
 rotary angles, the decode cache's shared bookkeeping — never a prebuilt mask. A score-based
-mixer asks ``seq.visibility(window)``; masks.py alone decides what it holds, and the answer is
-memoised per forward, so every softmax layer of a stack shares one mask. Padding and packed
+mixer asks ``seq.visibility(window)`` (decoding: ``seq.visibility(window, keys)``); masks.py
+alone decides what it holds, and the answer is memoised per forward, so every softmax layer of a stack shares one mask. Padding and packed
 documents therefore reach every mixer as data, and invariance to them (a padded row equals
 the row alone; documents never mix) is each mixer's own obligation — the variant grid tests it.
 
@@ -34,12 +34,31 @@ The contract (:class:`Mixer`):
   rotary scheme's angles); a position scheme no layer uses is refused by the validator.
 
 A :class:`State` holds tensors whose dim 0 is the batch: ``select(rows)`` (shared-prefix
-scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generically.
+scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generically. What a
+state may read: only what its mixer passes it — the forward's
+:class:`~blocklab.model.cache.Step` (``seq.cache.step``: positions, real tokens, token orders,
+real tokens per row before and after, the slots written), the compacted rows of seqops.py, a
+shared book — never an attribute of the cache that holds it. The cache itself
+(:class:`~blocklab.model.cache.DecodeCache`) keeps only the token bookkeeping every layer
+shares and one state per layer (plus cross-attention's, :class:`~blocklab.model.kv.CrossKV`).
+
+Where keys live: a score-based mixer keeps its keys in its own state and tells
+``seq.visibility(window, keys, share=...)`` where they are (:class:`Keys`: their positions,
+validity and token orders). Softmax attention's *key books* — ``History`` (global layers),
+``Ring`` (local layers), ``Fixed`` (compiled decoding), each shared by every softmax layer
+with that buffer — are in kv.py with its K/V states; a state asks for a book by naming it in
+``State.books`` (key -> constructor), and the cache makes and updates each book once per
+forward without knowing its kind. So a score-based mixer with its own key layout touches no
+shared file (the example plugin's ``compact_kv``). Mechanics several mixers share — real
+tokens to the front and back, the short convolution with document restarts and a decode tail
+— are in seqops.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -49,8 +68,19 @@ from blocklab.config import ModelConfig
 from blocklab.model import masks
 
 if TYPE_CHECKING:
-    from blocklab.model.cache import DecodeCache
+    from blocklab.model.cache import Book, DecodeCache
     from blocklab.model.position import Position
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys a score-based layer attends over in one decoding forward (its cached keys
+    and the new tokens, in the layout of its own state), for :meth:`Sequence.visibility`."""
+
+    positions: Tensor  # (B, Tk)
+    valid: Tensor | None  # (B, Tk) bool; None = no padding
+    order: Tensor | None = None  # (B, Tk): set, causality (and windows) go by token order
+    q_order: Tensor | None = None  # (B, T) the new tokens' orders (with ``order``)
 
 
 @dataclass
@@ -81,30 +111,42 @@ class Sequence:
         there), or None without packing. Padding never starts one."""
         if self.segments is None:
             return None
-        return self._memoised("starts", lambda: masks.document_starts(self.segments,
+        return self.memo("starts", lambda: masks.document_starts(self.segments,
                                                                       self.valid))
 
-    def visibility(self, window: int | None = None) -> masks.Visibility:
+    def visibility(self, window: int | None = None, keys: Keys | None = None, *,
+                   share: Hashable | None = None) -> masks.Visibility:
         """Which keys each query may see, for a score-based mixer with this ``window``
-        (None = global): over this forward's tokens in training, over the cached keys plus
-        these tokens when decoding. Built once per window and forward."""
-        return self._memoised(("visibility", window), lambda: self._visibility(window))
+        (None = global). Without a cache: over this forward's tokens, built once per window
+        and forward. Decoding: over ``keys``, the keys the mixer attends over (its cached
+        keys and these tokens, as its own state lays them out); built once per window and
+        ``share`` (say which layers share those keys; None: not shared)."""
+        if keys is None:
+            if self.cache is not None:
+                raise ValueError("decoding: Sequence.visibility needs the keys the mixer "
+                                 "attends over (keys=)")
+            return self.memo(("visibility", window), lambda: self._visibility(window, None))
+        if share is None:
+            return self._visibility(window, keys)
+        return self.memo(("visibility", window, share),
+                         lambda: self._visibility(window, keys))
 
-    def _visibility(self, window: int | None) -> masks.Visibility:
+    def _visibility(self, window: int | None, keys: Keys | None) -> masks.Visibility:
         t = self.length
         common = {"causal": self.causal, "q_len": t, "device": self.positions.device}
-        if self.cache is None:
+        if keys is None:
             return masks.self_visibility(
                 **common, k_len=t, key_valid=self.valid, q_segments=self.segments,
                 k_segments=self.segments, window=window,
                 bias=self.position.score_bias(self.positions, self.positions))
-        keys = self.cache.keys(window)
         return masks.self_visibility(
             **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
             bias=self.position.score_bias(self.positions, keys.positions), window=window,
             q_order=keys.q_order, k_order=keys.order)
 
-    def _memoised(self, key: Any, make) -> Any:
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, built once per forward under ``key`` and shared by every layer (the
+        visibility, seqops' compacted rows; a user's mixer may keep its own here)."""
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
@@ -112,10 +154,12 @@ class Sequence:
 
 class State:
     """A layer's decode state: named tensors whose dim 0 is the batch (rows), updated in
-    place by its mixer. Subclasses add the logic; ``books`` names the shared bookkeeping the
-    state relies on (cache.py), none by default."""
+    place by its mixer. Subclasses add the logic. A state reads only what its mixer passes
+    it (the forward's ``Step``, a book), never the cache that holds it. ``books``: the shared
+    bookkeeping it relies on, key -> constructor ``(batch, capacity, device) -> Book``
+    (cache.py makes each key once per cache; softmax's key books: kv.py); none by default."""
 
-    books: tuple[Any, ...] = ()
+    books: Mapping[Hashable, Callable[..., Book]] = MappingProxyType({})
 
     def tensors(self) -> dict[str, Tensor]:
         return {k: v for k, v in vars(self).items() if isinstance(v, Tensor)}

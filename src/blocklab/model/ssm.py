@@ -11,8 +11,8 @@ Face's ``MambaMixer`` (tests/model/test_ssm.py checks the outputs against it).
 
 Exactness, as the seam asks (model/mixer.py): padding has ``Δ = 0`` (``exp(0) = 1``, ``Δ B u =
 0``: the state passes through untouched) and the convolution counts real tokens only (real
-tokens moved to the front by a stable sort, convolved, scattered back — attention.py's
-``_banded`` trick), so left, right and inner padding give the row-alone outputs; at a packed
+tokens moved to the front, convolved, scattered back: seqops.py, shared with the other
+mixers), so left, right and inner padding give the row-alone outputs; at a packed
 document's first token (``seq.starts()``) the state and the convolution restart.
 
 Decoding keeps, per row, the last ``d_conv - 1`` real convolution inputs and the state h (fp32):
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
 from blocklab.config.checks import require
+from blocklab.model import seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.mixer import Mixer, Sequence, State
 
@@ -53,7 +54,7 @@ class SSMState(State):
 
     def __init__(self, batch: int, d_inner: int, d_state: int, d_conv: int, *,
                  dtype: torch.dtype, device: torch.device | str) -> None:
-        self.conv = torch.zeros(batch, d_inner, d_conv - 1, dtype=dtype, device=device)
+        self.tail = torch.zeros(batch, d_conv - 1, d_inner, dtype=dtype, device=device)
         self.h = torch.zeros(batch, d_inner, d_state, dtype=torch.float32, device=device)
 
 
@@ -265,46 +266,14 @@ class SelectiveSSM(Mixer):
 
     def _conv(self, u: Tensor, seq: Sequence, state: SSMState | None) -> Tensor:
         """The depthwise causal convolution over each row's real tokens, restarting at each
-        document: (B, T, E) -> (B, T, E); with a state, its taps reach the cached inputs and
-        it keeps the newest ``K - 1``."""
-        b, t, e = u.shape
-        k = self.d_conv
-        order, starts = None, seq.starts()
-        if seq.valid is not None:  # real tokens first (stable), so taps count real tokens
-            order = torch.sort((~seq.valid.bool()).to(torch.int8), dim=1, stable=True).indices
-            u = u.gather(1, order[..., None].expand_as(u))
-            starts = None if starts is None else starts.gather(1, order)
-        tail = u.new_zeros(b, k - 1, e) if state is None else state.conv.transpose(1, 2)
-        ext = torch.cat((tail.to(u.dtype), u), 1)  # (B, K-1+T, E): input i-(K-1) at i
-        w = self.conv.weight[:, 0]  # (E, K)
-        idx = torch.arange(t, device=u.device)
-        last = None
-        if starts is not None:  # each token's document start, in sorted order (-K: none)
-            last = torch.where(starts, idx, -k).cummax(1).values  # (B, T)
-        out = self.conv.bias
-        for j in range(k):  # tap j reads the input K-1-j tokens back
-            tap = ext[:, j: j + t] * w[:, j]
-            if last is not None:
-                tap = tap * ((idx - last) >= k - 1 - j)[..., None]
-            out = out + tap
+        document (seqops): (B, T, E) -> (B, T, E); with a state, its taps reach the cached
+        inputs and it keeps the newest ``K - 1``."""
+        rows = seqops.compact(seq)
+        out, tail = seqops.short_conv(rows.gather(u), self.conv.weight[:, 0], self.conv.bias,
+                                      rows, tail=None if state is None else state.tail)
         if state is not None:
-            self._keep_tail(state, ext, seq, last)
-        if order is not None:  # back to the caller's token order
-            out = torch.empty_like(out).scatter_(1, order[..., None].expand_as(out), out)
-        return out
-
-    def _keep_tail(self, state: SSMState, ext: Tensor, seq: Sequence,
-                   last: Tensor | None) -> None:
-        """The newest ``K - 1`` real inputs of each row (cached ones included) into the state,
-        in place; those before the row's last document start are an earlier document's."""
-        b, length, e = ext.shape
-        k, t = self.d_conv, length - (self.d_conv - 1)
-        real = t if seq.valid is None else seq.valid.sum(-1, keepdim=True)  # (B, 1)
-        pick = real + torch.arange(k - 1, device=ext.device).expand(b, k - 1)  # (B, K-1)
-        tail = ext.gather(1, pick[..., None].expand(b, k - 1, e))  # (B, K-1, E)
-        if last is not None:
-            tail = tail * (pick - (k - 1) >= last[:, -1:])[..., None]
-        state.conv.copy_(tail.transpose(1, 2))
+            state.tail.copy_(tail)
+        return rows.scatter(out)
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:

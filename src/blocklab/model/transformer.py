@@ -81,8 +81,9 @@ class Stack(nn.Module):
                   device: torch.device | str, static: bool = False) -> DecodeCache:
         states = [b.attn.new_state(batch, capacity, dtype=dtype, device=device, static=static)
                   for b in self.blocks]
+        cross = [None if b.cross is None else b.cross.new_state() for b in self.blocks]
         return DecodeCache(states, batch=batch, capacity=capacity, device=device,
-                           static=static, signature=self.signature)
+                           static=static, signature=self.signature, cross=cross)
 
     def forward(self, x: Tensor, *, positions: Tensor, valid: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecodeCache | None = None,

@@ -7,6 +7,9 @@
   ``Block.param_count``);
 - ``model.mixer.name=token_shift``: a sequence mixer with a decode state of its own (the
   smallest one: the previous real token of each row), its own cost and its own rule;
+- ``model.mixer.name=compact_kv`` (``compact_kv.py``): a score-based mixer with a key layout
+  of its own (a decode buffer of real tokens only) — its state, its keys for
+  ``Sequence.visibility``; nothing in blocklab edited for it;
 - ``probes.kinds.first_value``: a probe kind (``first_value.py``): recall the first value of a
   row, with its own settings, rule and cells.
 
@@ -25,7 +28,10 @@ from blocklab.model.estimate import params_of
 from blocklab.model.ffn import MLP
 from blocklab.model.mixer import Mixer, Sequence, State
 from blocklab.registry import lookup, register
-from blocklab_example import first_value  # noqa: F401  (registers the first_value probe kind)
+from blocklab_example import (
+    compact_kv,  # noqa: F401  (registers the compact_kv mixer)
+    first_value,  # noqa: F401  (registers the first_value probe kind)
+)
 
 
 @register("ffn", "squared_relu")

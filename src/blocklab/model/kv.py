@@ -1,0 +1,200 @@
+"""Softmax attention's decode states and the key books they share (attention.py uses them;
+the decode cache, cache.py, knows neither).
+
+A *key book* keeps the positions, validity and token orders of the keys a softmax layer
+attends over — one book per kind of K/V buffer, made once per cache and updated once per
+forward, shared by every layer with that buffer (:class:`~blocklab.model.cache.Book`):
+
+- :class:`History`: every token so far, slots ``[0, length)`` (global layers; :class:`KVState`);
+- :class:`Ring`: the last ``slots`` real tokens of each row, token order ``o`` in slot
+  ``o mod slots`` (local layers: ``min(window - 1, capacity)`` slots; :class:`RingState`);
+- :class:`Fixed`: ``capacity`` slots written at the cache's tensor index, every shape fixed
+  (compiled decoding; :class:`FixedKVState`); causality and windows by token order, unwritten
+  slots invalid.
+
+A state names its book (``State.books``, the key in ``key``); the mixer hands the book to
+:meth:`write` and its :class:`~blocklab.model.mixer.Keys` to ``Sequence.visibility``.
+Cross-attention's K/V of the source, computed once per generation, are :class:`CrossKV`.
+
+Shape legend: B batch, Hkv key/value heads, C capacity, S ring slots, T new tokens, D d_head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from types import MappingProxyType
+
+import torch
+from torch import Tensor
+
+from blocklab.model.cache import Book, Step
+from blocklab.model.mixer import Keys, State
+
+# ------------------------------------------------------------------------------- key books
+
+
+class History(Book):
+    """Every token so far (slots ``[0, length)``)."""
+
+    transient = ("keys", "start")
+
+    def __init__(self, batch: int, capacity: int, device: torch.device | str) -> None:
+        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        self.has_padding = False
+        self.keys: Keys | None = None
+        self.start = 0  # this forward's first slot
+
+    def begin(self, step: Step) -> None:
+        start = int(step.start)
+        end = start + step.length
+        self.positions[:, start:end] = step.positions
+        self.valid[:, start:end] = True if step.real is None else step.real
+        if step.real is not None and not self.has_padding:
+            self.has_padding = not bool(step.real.all())
+        self.start = start
+        self.keys = Keys(self.positions[:, :end], self.valid[:, :end] if self.has_padding else None)
+
+    def forget(self) -> None:
+        self.keys, self.start = None, 0
+
+    def reset(self) -> None:
+        super().reset()
+        self.has_padding = False
+
+
+class Ring(Book):
+    """The last ``slots`` real tokens of every row, order ``o`` in slot ``o mod slots``; this
+    forward's keys are the ring, then the new tokens. ``pending`` says which new token goes to
+    which slot (the states write their K/V there after attending)."""
+
+    transient = ("keys", "pending")
+
+    def __init__(self, batch: int, capacity: int, device: torch.device | str, *,
+                 slots: int) -> None:
+        self.slots = slots
+        self.positions = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        self.order = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
+        self.keys: Keys | None = None
+        self.pending: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def begin(self, step: Step) -> None:
+        q_order, positions = step.order, step.positions
+        real = torch.ones_like(positions, dtype=torch.bool) if step.real is None else step.real
+        self.keys = Keys(torch.cat((self.positions, positions), 1),
+                         torch.cat((self.valid, real), 1),
+                         torch.cat((self.order, q_order), 1), q_order)
+        self.pending = None
+        if self.slots:  # the last S real tokens of each row go to the ring, after attention
+            keep = real & (q_order >= step.seen[:, None] - self.slots)
+            rows, cols = keep.nonzero(as_tuple=True)
+            order = q_order[rows, cols]
+            slots = order % self.slots
+            self.pending = (rows, cols, slots)
+            self.positions[rows, slots] = positions[rows, cols]
+            self.order[rows, slots] = order
+            self.valid[rows, slots] = True
+
+
+class Fixed(Book):
+    """``capacity`` slots written at the cache's write index (a 0-d tensor advanced in
+    place): the same shapes at every step, for compiled decoding. Keys are the whole buffer;
+    causality and windows go by token order, so unwritten (invalid) and later slots are never
+    seen. ``written`` (this forward's slots) is one for all rows: not copied by ``select``."""
+
+    transient = ("keys", "written")
+
+    def __init__(self, batch: int, capacity: int, device: torch.device | str) -> None:
+        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        self.order = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.written: Tensor | None = None  # (T,) this forward's slots
+        self.keys: Keys | None = None
+
+    def begin(self, step: Step) -> None:
+        real = (torch.ones_like(step.positions, dtype=torch.bool) if step.real is None
+                else step.real)
+        self.written = slots = step.slots()
+        self.positions.index_copy_(1, slots, step.positions)
+        self.valid.index_copy_(1, slots, real)
+        self.order.index_copy_(1, slots, step.order)
+        self.keys = Keys(self.positions, self.valid, self.order, step.order)
+
+
+def ring_slots(window: int, capacity: int) -> int:
+    """Slots a local layer keeps: every key a later query's window can still reach."""
+    return min(window - 1, capacity)
+
+
+# ---------------------------------------------------------------------------- decode states
+
+class KVState(State):
+    """Every key so far: ``capacity`` slots of K and V, written at ``[length, length + T)``."""
+
+    key: Hashable = ("history",)
+    books = MappingProxyType({key: History})
+
+    def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)  # (B, Hkv, C, D)
+
+    def write(self, book: History, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        start, end = book.start, book.start + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, Tk, D)
+
+
+class RingState(State):
+    """A local layer's last ``S = min(window - 1, capacity)`` keys per row (the ring book says
+    which slot holds which token): memory proportional to the window, not the context."""
+
+    def __init__(self, batch: int, n_kv_heads: int, slots: int, d_head: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.key = ("ring", slots)
+        self.books = MappingProxyType({self.key: lambda b, c, d: Ring(b, c, d, slots=slots)})
+        self.k = torch.zeros(batch, n_kv_heads, slots, d_head, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)  # (B, Hkv, S, D)
+
+    def write(self, book: Ring, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        keys, values = torch.cat((self.k, k), 2), torch.cat((self.v, v), 2)  # (B, Hkv, S+T, D)
+        if book.pending is not None:  # after the copy above: this forward still sees the ring
+            rows, cols, slots = book.pending
+            self.k[rows, :, slots] = k[rows, :, cols]
+            self.v[rows, :, slots] = v[rows, :, cols]
+        return keys, values
+
+
+class FixedKVState(State):
+    """``capacity`` slots written at the cache's tensor index (compiled decoding): the whole
+    buffer is attended, unwritten slots masked by the fixed book's validity and orders."""
+
+    key: Hashable = ("fixed",)
+    books = MappingProxyType({key: Fixed})
+
+    def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+
+    def write(self, book: Fixed, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k.index_copy_(2, book.written, k)
+        self.v.index_copy_(2, book.written, v)
+        return self.k, self.v
+
+
+class CrossKV(State):
+    """Cross-attention's K and V of the source (B, Hkv, S, D), computed at the first forward
+    of a generation and kept; ``reset`` forgets them (the next source is another)."""
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def reset(self) -> None:
+        self.k = self.v = None
+
+    def static_tensors(self) -> list[Tensor]:
+        return []  # made after the cache (at prefill), never written in place
