@@ -210,6 +210,8 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
         forward_flops_per_token=float(forward), activation_bytes=activations,
         state_bytes=sum(c.state_bytes for c in costs), layers=tuple(costs),
     )
+
+
 def human(n: float, unit: str = "") -> str:
     for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(n) >= scale:

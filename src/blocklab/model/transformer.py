@@ -190,7 +190,6 @@ class Model(nn.Module):
         return LMHead.param_count(m)
 
 
-
 class DecoderModel(Model):
     """Decoder-only language model (GPT / Llama): causal stack + LM head."""
 
