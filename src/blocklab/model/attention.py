@@ -82,6 +82,7 @@ class SoftmaxAttention(Mixer):
 
     uses_score_bias = True
     uses_rotary = True
+    residual_outputs = ("out",)
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
@@ -212,6 +213,8 @@ class CrossAttention(nn.Module):
     The encoder's K/V are computed once per generation and kept in its decode state
     (:class:`~blocklab.model.kv.CrossKV`). Cross-attention
     is softmax attention in every model; it is not a sequence mixer."""
+
+    residual_outputs = ("out",)
 
     def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
                  d_head: int) -> None:

@@ -146,6 +146,8 @@ class GatedConv(Mixer):
     arXiv 2312.04927; H3, arXiv 2212.14052; Hyena, arXiv 2302.10866). No rotary angles, no
     score bias: positions enter only as the convolutions' token distances."""
 
+    residual_outputs = ("out",)
+
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
         d, k, n = m.d_model, m.mixer.short_conv, m.max_seq_len

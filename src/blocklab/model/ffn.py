@@ -28,6 +28,7 @@ class MLP(nn.Module):
     GELU variant (``ffn.approximate``: exact erf or tanh form)."""
 
     act = staticmethod(F.gelu)
+    residual_outputs = ("down",)  # the projection into the residual: init scaled by depth
 
     def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()
@@ -64,6 +65,7 @@ class GatedMLP(nn.Module):
     are one fused matmul."""
 
     act = staticmethod(F.silu)
+    residual_outputs = ("down",)
 
     def __init__(self, cfg: FFNConfig, d_model: int, d_ff: int) -> None:
         super().__init__()

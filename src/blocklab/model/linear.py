@@ -215,6 +215,8 @@ class LinearAttention(Mixer):
     1911.02150). Bidirectional stacks see every real key of the same document: the causal
     pass plus the strictly anticausal one (the same chunked form, reversed)."""
 
+    residual_outputs = ("out",)
+
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
         o = m.mixer

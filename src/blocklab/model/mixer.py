@@ -31,7 +31,10 @@ The contract (:class:`Mixer`):
   one-line ConfigError);
 - attributes ``bidirectional`` (it has a form for encoder stacks), ``uses_score_bias`` (it
   applies the position scheme's score bias: ALiBi, T5) and ``uses_rotary`` (it rotates by the
-  rotary scheme's angles); a position scheme no layer uses is refused by the validator.
+  rotary scheme's angles); a position scheme no layer uses is refused by the validator;
+  ``residual_outputs`` (the names of its submodules whose weights write into the residual
+  stream — its output projections — whose init the model scales by 1/sqrt(2·layers); nothing
+  is guessed from parameter names, and a mixer that declares none gets plain init, warned).
 
 A :class:`State` holds tensors whose dim 0 is the batch: ``select(rows)`` (shared-prefix
 scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generically. What a
@@ -195,6 +198,9 @@ class Mixer(nn.Module):
     uses_score_bias: bool = False
     #: whether the mixer rotates by the rotary scheme's angles (RoPE)
     uses_rotary: bool = False
+    #: its submodules whose weights write into the residual stream (output projections): their
+    #: init is scaled by 1/sqrt(2·layers). None = not declared (plain init, with a warning)
+    residual_outputs: tuple[str, ...] | None = None
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__()

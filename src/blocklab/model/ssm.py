@@ -200,6 +200,7 @@ class SelectiveSSM(Mixer):
     recurrence and the convolution."""
 
     bidirectional = False
+    residual_outputs = ("out",)
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)

@@ -28,7 +28,7 @@ from blocklab.model import masks
 from blocklab.model.blocks import Context, identity
 from blocklab.model.cache import DecodeCache
 from blocklab.model.heads import LMHead, MLMHead
-from blocklab.model.mixer import Sequence
+from blocklab.model.mixer import Mixer, Sequence
 from blocklab.model.position import positions_from_segments, positions_from_valid
 from blocklab.registry import lookup
 
@@ -142,16 +142,18 @@ class Model(nn.Module):
     def init_weights(self) -> None:
         """GPT-2 init: N(0, init_std) for weights, zero biases, unit norms, and residual output
         projections scaled by 1/sqrt(2·layers) ("Language Models are Unsupervised Multitask
-        Learners", 2019). A component that needs its own initialization defines
+        Learners", 2019) — the weights each component names in ``residual_outputs``, never
+        guessed from parameter names. A component that needs its own initialization defines
         ``init_weights()``; it runs after this default."""
         m = self.config
         residual_std = m.init_std / math.sqrt(2 * m.n_layers)
+        residual = residual_outputs(self)
         for name, p in self.named_parameters():
             if p.dim() == 1 and "norm" in name and name.endswith("weight"):
                 nn.init.ones_(p)
             elif p.dim() == 1:
                 nn.init.zeros_(p)
-            elif name.endswith(("out.weight", "down.weight")):
+            elif name in residual:
                 nn.init.normal_(p, std=residual_std)
             else:
                 nn.init.normal_(p, std=m.init_std)
@@ -331,6 +333,35 @@ class EncoderDecoderModel(Model):
     @classmethod
     def stacks(cls, m: ModelConfig) -> list[tuple[int, bool, bool]]:
         return [(m.encoder_layers, False, False), (m.n_layers, True, True)]
+
+
+def residual_outputs(model: nn.Module) -> set[str]:
+    """The parameter names of every residual-output projection in ``model``: for each module
+    that declares ``residual_outputs`` (child names: a mixer's, an FFN's, cross-attention's
+    output projections), those children's weights. A mixer that declares none gets plain init
+    for every weight, said once per class in a warning."""
+    import warnings
+
+    found: set[str] = set()
+    for prefix, module in model.named_modules():
+        names = getattr(module, "residual_outputs", None)
+        if names is None:
+            if isinstance(module, Mixer) and type(module) not in _UNDECLARED:
+                _UNDECLARED.add(type(module))
+                warnings.warn(f"mixer {type(module).__name__} declares no residual_outputs (its "
+                              "output projections): every weight of it gets plain N(0, "
+                              "model.init_std) init, unscaled by depth", stacklevel=2)
+            continue
+        for child in names:
+            weight = getattr(getattr(module, child, None), "weight", None)
+            if not isinstance(weight, nn.Parameter):
+                raise TypeError(f"{type(module).__name__}.residual_outputs names {child!r}, "
+                                "which is not a submodule with a weight")
+            found.add(f"{prefix}.{child}.weight" if prefix else f"{child}.weight")
+    return found
+
+
+_UNDECLARED: set[type] = set()
 
 
 FAMILIES: dict[str, type[Model]] = {

@@ -102,6 +102,7 @@ class TokenShift(Mixer):
     (no mask), and decoding keeps one vector per row. Causal only."""
 
     bidirectional = False
+    residual_outputs = ("cur", "prev")  # both write into the residual: init scaled by depth
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)

@@ -58,6 +58,7 @@ class CompactKV(Mixer):
     bias (ALiBi, T5) applies through ``Sequence.visibility``; no rotary angles."""
 
     uses_score_bias = True
+    residual_outputs = ("out",)  # its output projection: init scaled by depth
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
