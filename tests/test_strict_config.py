@@ -97,10 +97,10 @@ def test_places_open_on_purpose_stay_open():
         # (tests/train/test_callbacks.py::test_bad_callback_and_trainer_options_fail_in_one_line)
         # probes.kinds: each user probe kind's settings, checked by that kind's own dataclass
         # (tests/test_user_extensions_cli.py::test_a_user_probe_kind_runs_end_to_end)
-        "train": ["model.mixer.options", "probes.kinds", "checkpoint_probes.kinds", "callbacks"],
-        "prepare": ["model.mixer.options", "probes.kinds", "checkpoint_probes.kinds",
+        "train": ["model.mixer", "probes.kinds", "checkpoint_probes.kinds", "callbacks"],
+        "prepare": ["model.mixer", "probes.kinds", "checkpoint_probes.kinds",
                     "callbacks"],
-        "estimate": ["model.mixer.options"], "eval": ["probes.kinds"], "import": [],
+        "estimate": ["model.mixer"], "eval": ["probes.kinds"], "import": [],
         "export": [], "generate": []}
 
 

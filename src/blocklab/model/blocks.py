@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
-from blocklab.model.attention import CrossAttention, attention_dims
+from blocklab.model.attention import CrossAttention, attention_dims, softmax_options
 from blocklab.model.cache import DecodeCache
 from blocklab.model.estimate import ask, params_of
 from blocklab.model.masks import Visibility
@@ -60,7 +60,8 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.attn = mixer_class(m, layer, causal)(m, layer, causal=causal)  # the sequence mixer
-        self.cross = CrossAttention(m.attention, **attention_dims(m)) if cross else None
+        self.cross = CrossAttention(m.attention, softmax_options(m),
+                                     **attention_dims(m)) if cross else None
         self.ffn = lookup("ffn", m.ffn.name)(m.ffn, m.d_model, m.d_ff)
         make_norm = lookup("norm", m.norm.name)
         n_sub = 3 if cross else 2

@@ -23,7 +23,7 @@ SIZES = ("quick", "full")
 class Arm:
     """One measured configuration: a display name, its ``blocklab-train`` overrides, and
     ``eval_model``: ``key=value`` overrides of the *model* config applied to the trained weights
-    when measuring (e.g. ``attention.window=16``: the same weights under a local window). Runs
+    when measuring (e.g. ``mixer.window=16``: the same weights under a local window). Runs
     are keyed by ``overrides`` alone, so arms that differ only in ``eval_model`` share them."""
 
     name: str
@@ -309,7 +309,7 @@ def _rf_protocol(size: str) -> Protocol:
     # only, no expectation) trains with the window.
     global_ = replace(_mqar_arm(RF_LAYERS, 64, RF_PAIRS, size), name="global")
     global_ = replace(global_, overrides=MQAR_BASE + global_.overrides)
-    window = f"attention.window={RF_WINDOW}"
+    window = f"mixer.window={RF_WINDOW}"
     local = replace(global_, name="local", eval_model=(window,))
     arms = [local, global_]
     if size == "full":
@@ -353,7 +353,7 @@ def _rf_experiment(size_for_measure: str) -> Experiment:
                    "model retrieves as well as a global one."),
         protocol=(f"The mqar experiment's 2-layer rotary decoder (MQAR with "
                   f"{RF_PAIRS} pairs, 64 tokens) measured as trained ('global') and with "
-                  f"model.attention.window={RF_WINDOW} on every layer ('local', the same "
+                  f"model.mixer.window={RF_WINDOW} on every layer ('local', the same "
                   f"weights; receptive field {RF_FIELD}), on held-out 'BOS k1 v1 ... "
                   f"k{RF_PAIRS} v{RF_PAIRS} filler x gap SEP k{RF_PAIRS} -> v{RF_PAIRS}' "
                   f"sequences: near = the answer within one window of its value (distance "
