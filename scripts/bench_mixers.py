@@ -48,8 +48,9 @@ def model_config(mixer: str = "softmax", *, window: int | None = None, d_model: 
     return ModelConfig(vocab_size=256, d_model=d_model, n_layers=n_layers, n_heads=4,
                        d_ff=4 * d_model, max_seq_len=max_seq_len,
                        position=PositionConfig(name=position),
-                       attention=AttentionConfig(window=window, bias=False),
-                       mixer=MixerConfig(name=mixer, **mixer_options))
+                       attention=AttentionConfig(bias=False),
+                       mixer=MixerConfig(name=mixer, **({"window": window} if window else {}),
+                                         **mixer_options))
 
 
 def timed_rounds(cases: dict[str, Callable[[], None]], reps: int, warmup: int = 1,

@@ -99,6 +99,7 @@ def grid(d: int, layers: int) -> list[tuple[str, object]]:
         AttentionConfig,
         FamilyConfig,
         FFNConfig,
+        MixerConfig,
         ModelConfig,
         NormConfig,
         PositionConfig,
@@ -118,8 +119,8 @@ def grid(d: int, layers: int) -> list[tuple[str, object]]:
                                 n_encoder_layers=layers if family == "encoder_decoder" else None),
             norm=NormConfig(name=norms[i % 2]), ffn=FFNConfig(name=ffns[i % 4]),
             position=PositionConfig(name=pos),
-            attention=AttentionConfig(name=attention, n_kv_heads=heads[attention], window=window,
-                                      global_every=2 if window else 0),
+            attention=AttentionConfig(name=attention, n_kv_heads=heads[attention]),
+            mixer=MixerConfig(window=window, global_every=2 if window else 0),
             vocab_size=97, d_model=d, n_layers=layers, n_heads=4, d_ff=2 * d, max_seq_len=64)
         out.append((f"{family}-{pos}-{attention}{'-w5g2' if window else ''}", cfg))
     return out

@@ -158,20 +158,20 @@ def test_compose_searches_user_config_dirs(tmp_path):
 
 
 def test_local_attention_window_composes_from_the_command_line_and_is_checked():
-    """``model.attention.window`` / ``global_every`` are ordinary overrides of every preset;
+    """``model.mixer.window`` / ``global_every`` are ordinary overrides of every preset;
     the rules (odd window for bidirectional stacks, global_every only with a window) fail in
     one line naming key, value and rule."""
-    m = model_config(_compose("model=llama_tiny", "model.attention.window=4",
-                              "model.attention.global_every=2").model)
+    m = model_config(_compose("model=llama_tiny", "model.mixer.window=4",
+                              "model.mixer.global_every=2").model)
     model = build_model(m)
     assert [b.attn.window for b in model.decoder.blocks] == [4, None] * (m.n_layers // 2)
     for overrides, words in (
-            (("model=bert_tiny", "model.attention.window=4"),
-             "model.attention.window=4: must be odd for family 'encoder'"),
-            (("model=t5_tiny", "model.attention.window=0"),
-             "model.attention.window=0: must be null (global attention) or >= 1"),
-            (("model=gpt2_tiny", "model.attention.global_every=3"),
-             "model.attention.global_every=3: needs model.attention.window")):
+            (("model=bert_tiny", "model.mixer.window=4"),
+             "model.mixer.window=4: must be odd for family 'encoder'"),
+            (("model=t5_tiny", "model.mixer.window=0"),
+             "model.mixer.window=0: must be null (global attention) or >= 1"),
+            (("model=gpt2_tiny", "model.mixer.global_every=3"),
+             "model.mixer.global_every=3: needs model.mixer.window")):
         with pytest.raises(ConfigError) as err:
             model_config(_compose(*overrides).model)
         assert "\n" not in str(err.value) and words in str(err.value), str(err.value)

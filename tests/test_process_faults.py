@@ -112,12 +112,12 @@ def test_the_console_scripts_report_a_failing_plugin_in_one_line(tool, args, plu
 
 
 def _local(family: str, n_layers: int, global_every: int, n_encoder_layers: int | None = None):
-    from blocklab.config import AttentionConfig, FamilyConfig, ModelConfig
+    from blocklab.config import FamilyConfig, MixerConfig, ModelConfig
 
     return ModelConfig(family=FamilyConfig(name=family, n_encoder_layers=n_encoder_layers),
                        n_layers=n_layers, vocab_size=64, d_model=32, n_heads=4, d_ff=40,
                        max_seq_len=64,
-                       attention=AttentionConfig(window=3, global_every=global_every))
+                       mixer=MixerConfig(window=3, global_every=global_every))
 
 
 def test_global_every_past_every_stack_is_refused_not_silently_all_local():
@@ -137,17 +137,17 @@ def test_global_every_past_every_stack_is_refused_not_silently_all_local():
         with pytest.raises(ConfigError) as err:
             validate_model(bad)
         assert str(err.value) == (
-            f"config error: model.attention.global_every={bad.attention.global_every}: no layer "
+            f"config error: model.mixer.global_every={bad.mixer.global_every}: no layer "
             f"would be global: must be <= the deepest stack's {depths}; global_every: 0 makes "
             "every layer local")
 
 
 def test_blocklab_train_refuses_global_every_past_the_layers_before_writing(tmp_path, capfd):
     r = run_cli(capfd, "blocklab-train", "experiment=smoke", f"out_root={tmp_path / 'out'}",
-                "model.n_layers=2", "model.attention.window=3", "model.attention.global_every=3",
+                "model.n_layers=2", "model.mixer.window=3", "model.mixer.global_every=3",
                 cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "config error: model.attention.global_every=3: no layer would be global: must be <= the "
+        "config error: model.mixer.global_every=3: no layer would be global: must be <= the "
         "deepest stack's 2 layers (model.n_layers=2); global_every: 0 makes every layer local"]
     assert list(tmp_path.iterdir()) == []
 

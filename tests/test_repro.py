@@ -335,7 +335,7 @@ def test_recall_state_arms_differ_only_in_the_mixer_within_a_cell() -> None:
             for a in cell:
                 rest = set(a.overrides) - shared
                 assert all(o.startswith(("model/mixer=", "model/position=", "model.mixer.",
-                                         "model.attention.window=", "model.n_heads="))
+                                         "model.mixer.window=", "model.n_heads="))
                            for o in rest), rest
             assert len({a.overrides for a in cell}) == len(cell)
             assert f"data.mqar_pairs={pairs}" in shared and "data.mqar_layout=zoology" in shared

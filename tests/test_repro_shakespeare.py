@@ -43,7 +43,7 @@ def test_the_recipe_is_nanogpts_cpu_recipe():
     assert (m.family.name, m.block.name, m.norm.name, m.position.name, m.ffn.name,
             m.mixer.name) == ("decoder", "pre", "layernorm", "learned", "gelu_mlp", "softmax")
     assert (m.n_layers, m.n_heads, m.d_model, m.d_ff, m.max_seq_len) == (4, 4, 128, 512, 64)
-    assert m.dropout == 0.0 and m.attention.dropout == 0.0 and m.tie_embeddings
+    assert m.dropout == 0.0 and m.mixer.dropout == 0.0 and m.tie_embeddings
     assert not (m.norm.bias or m.ffn.bias or m.attention.bias)
     assert m.ffn.approximate == "none" and m.init_std == 0.02  # nn.GELU(), N(0, 0.02)
     assert (d.corpus, tc.tokenizer.name.value, d.seq_len, d.batch_size) == (

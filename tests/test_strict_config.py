@@ -99,11 +99,11 @@ def test_places_open_on_purpose_stay_open():
         # (tests/test_user_extensions_cli.py::test_a_user_probe_kind_runs_end_to_end)
         # data.user_tasks: a registered task's weight, checked by that task
         # (tests/data/test_task_registry.py)
-        "train": ["model.mixer.options", "data.user_tasks", "probes.kinds",
-                  "checkpoint_probes.kinds", "callbacks"],
-        "prepare": ["model.mixer.options", "data.user_tasks", "probes.kinds",
-                    "checkpoint_probes.kinds", "callbacks"],
-        "estimate": ["model.mixer.options"], "eval": ["probes.kinds", "data.user_tasks"],
+        "train": ["model.mixer", "data.user_tasks", "probes.kinds", "checkpoint_probes.kinds",
+                  "callbacks"],
+        "prepare": ["model.mixer", "data.user_tasks", "probes.kinds", "checkpoint_probes.kinds",
+                    "callbacks"],
+        "estimate": ["model.mixer"], "eval": ["probes.kinds", "data.user_tasks"],
         "import": [],
         "export": [], "generate": []}
 

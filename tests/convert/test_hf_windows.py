@@ -16,12 +16,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from blocklab import checkpoint as ckpt  # noqa: E402
-from blocklab.config import AttentionConfig  # noqa: E402
 from blocklab.convert import export_model, import_model  # noqa: E402
 from blocklab.convert.windows import pattern_in  # noqa: E402
 from blocklab.errors import ConfigError  # noqa: E402
 from blocklab.model import masks  # noqa: E402
 from blocklab.model.generate import generate  # noqa: E402
+from blocklab.model.softmax_options import SoftmaxOptions  # noqa: E402
 from convert.test_hf_roundtrip import save_random  # noqa: E402
 
 TOL = 1e-5
@@ -164,7 +164,7 @@ def test_layer_types_become_the_shortest_pattern_with_the_same_windows(types, n)
     if all(t == FULL for t in types):
         assert keys == {"window": None}
         return
-    a = AttentionConfig(**keys)
+    a = SoftmaxOptions(**keys)
     assert [masks.layer_window(a, i) for i in range(len(types))] == [
         None if t == FULL else WINDOW for t in types]
     assert a.global_every == (n or 0)
@@ -214,14 +214,14 @@ def test_exports_blocklab_cannot_write_are_refused_by_name(tmp_path):
     no Qwen2 place for it."""
     import dataclasses
 
+    from blocklab.config import MixerConfig
     from blocklab.convert.export import pick_arch
     from blocklab.convert.table import ARCHITECTURES
 
     _, src = _save(tmp_path, "mistral-window")
     m = _import(tmp_path, src)[1].config
-    mixed = dataclasses.replace(m, attention=dataclasses.replace(
-        m.attention, layers=["global", "local"]))
-    with pytest.raises(ConfigError, match=r"model\.attention\.layers=\['global', 'local'\]"):
+    mixed = dataclasses.replace(m, mixer=MixerConfig(**{**m.mixer, "layers": ["global", "local"]}))
+    with pytest.raises(ConfigError, match=r"model\.mixer\.layers=\['global', 'local'\]"):
         pick_arch(mixed)
 
     _, src = _save(tmp_path / "q", "qwen2-mwl-middle")

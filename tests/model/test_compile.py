@@ -57,7 +57,7 @@ def _values(cfg: ModelConfig) -> set[tuple[str, object]]:
     return {("family", cfg.family.name), ("position", _position(cfg)),
             ("attention", cfg.attention.name), ("norm", cfg.norm.name),
             ("block", cfg.block.name), ("ffn", cfg.ffn.name),
-            ("window", (cfg.attention.window, cfg.attention.global_every)),
+            ("window", (cfg.mixer.get("window"), cfg.mixer.get("global_every", 0))),
             *(("mixer", n) for n in {*cfg.mixer.pattern, cfg.mixer.name}),
             ("hybrid", tuple(cfg.mixer.pattern))}
 
@@ -116,7 +116,7 @@ def one_layer(cfg: ModelConfig) -> ModelConfig:
     """The variant with one layer per stack (tracing time grows with depth; a layer traces
     alike at any depth), unless a window pattern needs its local and global layers or a
     hybrid its layers of every mixer."""
-    if (cfg.attention.window is not None and cfg.attention.global_every) or cfg.mixer.pattern:
+    if (cfg.mixer.get("window") is not None and cfg.mixer.get("global_every")) or cfg.mixer.pattern:
         return cfg
     enc = 1 if cfg.family.name == ED else None
     return replace(cfg, n_layers=1, family=replace(cfg.family, n_encoder_layers=enc))
@@ -322,7 +322,7 @@ def test_the_covering_subset_meets_every_axis_value_of_the_grid():
     assert len({_position(c) for _, c in COVER}) == 10
     assert {c.ffn.name for _, c in COVER} == {c.ffn.name for _, c in grid()}
     assert {c.block.name for _, c in COVER} == {c.block.name for _, c in grid()}
-    assert {c.attention.window for _, c in COVER} == {3, 5, None}
+    assert {c.mixer.get("window") for _, c in COVER} == {3, 5, None}
     assert {n for _, c in COVER for n in {*c.mixer.pattern, c.mixer.name}} == set(names("mixer"))
 
 

@@ -1,4 +1,4 @@
-"""The explicit per-layer window pattern, ``model.attention.layers`` (global / local per layer,
+"""The explicit per-layer window pattern, ``model.mixer.layers`` (global / local per layer,
 repeated over each stack): what Qwen2's "first ``max_window_layers`` layers full" needs and
 ``global_every`` cannot say. Its rules, the windows the built layers get, and the decode
 cache / estimator bytes of exactly those layers."""
@@ -11,10 +11,11 @@ import pytest
 import torch
 from variants import VOCAB, tiny
 
-from blocklab.config import AttentionConfig, ConfigError, PositionConfig, validate_model
+from blocklab.config import ConfigError, MixerConfig, PositionConfig, validate_model
 from blocklab.model import build_model, masks
 from blocklab.model.estimate import estimate, table
 from blocklab.model.estimate import state_bytes as kv_cache_bytes
+from blocklab.model.softmax_options import SoftmaxOptions
 
 DEC, ED = "decoder", "encoder_decoder"
 G, L = "global", "local"
@@ -23,14 +24,13 @@ G, L = "global", "local"
 def _with(layers, window=4, global_every=0, family=DEC, n_layers=4, **kw):
     cfg = tiny(family, PositionConfig(name="rope"), window=window, global_every=global_every,
                n_layers=n_layers, **kw)
-    return dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention,
-                                                                  layers=list(layers)))
+    return dataclasses.replace(cfg, mixer=MixerConfig(**{**cfg.mixer, "layers": list(layers)}))
 
 
 def test_the_pattern_gives_each_layer_its_window_repeated_over_each_stack():
-    a = AttentionConfig(window=4, layers=[G, L, L])
+    a = SoftmaxOptions(window=4, layers=[G, L, L])
     assert [masks.layer_window(a, i) for i in range(7)] == [None, 4, 4, None, 4, 4, None]
-    assert [masks.layer_window(AttentionConfig(layers=[G, L]), i) for i in range(2)] == [None] * 2
+    assert [masks.layer_window(SoftmaxOptions(layers=[G, L]), i) for i in range(2)] == [None] * 2
     model = build_model(validate_model(_with([G, G, L, L])))
     assert [b.attn.window for b in model.decoder.blocks] == [None, None, 4, 4]
     ed = build_model(validate_model(_with([L, G], window=5, family=ED)))  # encoder: 3 layers
@@ -60,8 +60,8 @@ def test_the_patterned_cache_and_the_estimate_hold_rings_on_the_local_layers_onl
 
 @pytest.mark.parametrize(("layers", "window", "global_every", "words"), [
     ([G, "sliding"], 4, 0, "entries must be one of global, local (not 'sliding')"),
-    ([G, L], None, 0, "needs model.attention.window"),
-    ([G, L], 4, 2, "so does model.attention.global_every=2"),
+    ([G, L], None, 0, "needs model.mixer.window"),
+    ([G, L], 4, 2, "so does model.mixer.global_every=2"),
     ([G, L, L, L, L], 4, 0, "5 entries, more than the deepest stack's 4 layers"),
     ([G, G], 4, 0, "no layer would be local"),
 ])
@@ -69,7 +69,7 @@ def test_bad_patterns_fail_in_one_line_naming_the_key(layers, window, global_eve
     with pytest.raises(ConfigError) as err:
         validate_model(_with(layers, window=window, global_every=global_every))
     msg = str(err.value)
-    assert "\n" not in msg and "model.attention.layers=" in msg and words in msg, msg
+    assert "\n" not in msg and "model.mixer.layers=" in msg and words in msg, msg
 
 
 def test_the_pattern_composes_from_the_command_line():
@@ -77,9 +77,9 @@ def test_the_pattern_composes_from_the_command_line():
     from blocklab import config as C
     from blocklab.config import model_config
 
-    m = model_config(C.compose("estimate", ["model=llama_tiny", "model.attention.window=4",
-                                            "model.attention.layers=[global,local]"]).model)
+    m = model_config(C.compose("estimate", ["model=llama_tiny", "model.mixer.window=4",
+                                            "model.mixer.layers=[global,local]"]).model)
     assert [b.attn.window for b in build_model(m).decoder.blocks] == [None, 4] * (m.n_layers // 2)
-    with pytest.raises(ConfigError, match=r"model\.attention\.layers=\['local'\]: needs model"):
+    with pytest.raises(ConfigError, match=r"model\.mixer\.layers=\['local'\]: needs model"):
         model_config(C.compose("estimate", ["model=llama_tiny",
-                                            "model.attention.layers=[local]"]).model)
+                                            "model.mixer.layers=[local]"]).model)

@@ -1,4 +1,4 @@
-"""Local (sliding-window) attention, ``model.attention.window`` / ``global_every``, against
+"""Local (sliding-window) attention, ``model.mixer.window`` / ``global_every``, against
 independent references: a per-query brute-force attention over exactly the allowed keys, the
 receptive field of an all-local stack (n_layers × (window − 1) tokens back), full recompute for
 the ring-buffer KV cache (every position scheme, left-padded batches, chunked prefill, shared
@@ -16,7 +16,7 @@ import pytest
 import torch
 from variants import VOCAB, tiny
 
-from blocklab.config import AttentionConfig, ConfigError, PositionConfig, validate_model
+from blocklab.config import ConfigError, MixerConfig, PositionConfig, validate_model
 from blocklab.model import attention, build_model, masks
 from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.estimate import estimate, table
@@ -24,6 +24,7 @@ from blocklab.model.estimate import state_bytes as kv_cache_bytes
 from blocklab.model.generate import generate
 from blocklab.model.mixer import Sequence
 from blocklab.model.position import ALiBi, NoPosition, alibi_slopes
+from blocklab.model.softmax_options import SoftmaxOptions, softmax_options
 from blocklab.model.transformer import default_positions
 
 DEC, ENC, ED = "decoder", "encoder", "encoder_decoder"
@@ -45,13 +46,13 @@ def _ids(*shape: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("family", "window", "global_every", "key", "words"), [
-    (DEC, 0, 0, "model.attention.window=0", "must be null (global attention) or >= 1"),
-    (DEC, -3, 0, "model.attention.window=-3", ">= 1"),
-    (ENC, 4, 0, "model.attention.window=4", "must be odd for family 'encoder'"),
-    (ED, 2, 0, "model.attention.window=2", "must be odd for family 'encoder_decoder'"),
-    (DEC, 3, 1, "model.attention.global_every=1", "must be 0 (every layer local) or >= 2"),
-    (DEC, 3, -2, "model.attention.global_every=-2", "must be 0"),
-    (DEC, None, 2, "model.attention.global_every=2", "needs model.attention.window"),
+    (DEC, 0, 0, "model.mixer.window=0", "must be null (global attention) or >= 1"),
+    (DEC, -3, 0, "model.mixer.window=-3", ">= 1"),
+    (ENC, 4, 0, "model.mixer.window=4", "must be odd for family 'encoder'"),
+    (ED, 2, 0, "model.mixer.window=2", "must be odd for family 'encoder_decoder'"),
+    (DEC, 3, 1, "model.mixer.global_every=1", "must be 0 (every layer local) or >= 2"),
+    (DEC, 3, -2, "model.mixer.global_every=-2", "must be 0"),
+    (DEC, None, 2, "model.mixer.global_every=2", "needs model.mixer.window"),
 ])
 def test_bad_windows_fail_in_one_line_naming_key_value_and_rule(family, window, global_every,
                                                                 key, words):
@@ -67,15 +68,15 @@ def test_bad_windows_fail_in_one_line_naming_key_value_and_rule(family, window, 
 def test_good_windows_validate(family, window, global_every):
     """Accepted as given (no ConfigError), and the built model carries the pattern."""
     m = validate_model(tiny(family, window=window, global_every=global_every))
-    assert (m.attention.window, m.attention.global_every) == (window, global_every)
+    assert (m.mixer.window, m.mixer.global_every) == (window, global_every)
     blocks = [b for name in ("encoder", "decoder") if hasattr(model := build_model(m), name)
               for b in getattr(model, name).blocks]
     assert [b.attn.window for b in blocks] == [
-        masks.layer_window(m.attention, b.layer) for b in blocks]
+        masks.layer_window(softmax_options(m), b.layer) for b in blocks]
 
 
 def _windows(window, global_every=0, layers=(), n=7):
-    a = AttentionConfig(window=window, global_every=global_every, layers=list(layers))
+    a = SoftmaxOptions(window=window, global_every=global_every, layers=list(layers))
     return [masks.layer_window(a, i) for i in range(n)]
 
 
@@ -347,7 +348,7 @@ def test_local_layers_cache_memory_is_proportional_to_the_window():
         assert kv_cache_bytes(cfg, b, capacity, 4) == cache.nbytes
         assert estimate(cfg, batch=b, seq_len=capacity, bytes_per_value=4).kv_cache_bytes \
             == cache.nbytes
-    local = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, global_every=0))
+    local = dataclasses.replace(cfg, mixer=MixerConfig(**{**cfg.mixer, "global_every": 0}))
     model = build_model(local)
     small, big = model.new_cache(b, 40), model.new_cache(b, 4000)
     assert small.nbytes == big.nbytes == 2 * 4 * b * hkv * dh * 4 * 4  # no capacity term
@@ -382,7 +383,7 @@ def test_estimate_shows_the_window():
     text = table(cfg, e, batch=1, seq_len=8192, bytes_per_value=2)
     assert "attention window" in text and "4096 tokens (layers 4, 8, ... global)" in text
     assert "6 x softmax (local, window 4096), 2 x softmax (global)" in text
-    dense = dataclasses.replace(cfg, attention=AttentionConfig())
+    dense = dataclasses.replace(cfg, mixer=MixerConfig())
     assert e.kv_cache_bytes * 8 * 8192 == kv_cache_bytes(dense, 1, 8192, 2) * (2 * 8192 + 6 * 4095)
     assert "attention window" not in table(dense, estimate(dense, seq_len=8192), batch=1,
                                            seq_len=8192, bytes_per_value=2)

@@ -32,6 +32,7 @@ from blocklab.config import (
     PositionConfig,
     RopeScaling,
 )
+from blocklab.model.softmax_options import SoftmaxOptions
 from blocklab.registry import lookup, names
 
 VOCAB = 61
@@ -76,15 +77,31 @@ def tiny(family: str = "decoder", position: PositionConfig | None = None,
         ffn=FFNConfig(name=ffn, bias=style % 3 != 0,
                       approximate="tanh" if ffn in ("gelu_mlp", "geglu") and style % 2 else "none"),
         attention=AttentionConfig(name=attention, n_kv_heads=ATTENTIONS[attention],
-                                  bias=style % 2 == 1, scale=1.0 if style % 6 == 3 else None,
-                                  window=window, global_every=global_every),
-        mixer=mixer or MixerConfig(),
+                                  bias=style % 2 == 1),
+        mixer=_with_softmax(family, mixer or MixerConfig(), scale=1.0 if style % 6 == 3 else None,
+                            window=window, global_every=global_every),
         tie_embeddings=style % 2 == 0,
         # the options imported models need, rotating through the grid too
         embed_norm=style % 4 == 1, type_vocab_size=2 if style % 5 == 2 else 0,
         head_scale=0.5 if style % 7 == 4 else 1.0,
         **kw,
     )
+
+
+def _with_softmax(family: str, mixer: MixerConfig, **options: object) -> MixerConfig:
+    """``mixer`` with softmax's options (score scale, window pattern) where softmax is in use:
+    a softmax layer, or (the scale) an encoder–decoder's cross-attention; set only when they
+    differ from softmax's defaults."""
+    layers = {*(mixer.pattern or [mixer.name]), *mixer.encoder}
+    if family == "encoder_decoder" and not mixer.encoder:
+        layers.add(mixer.pattern[0] if mixer.pattern else mixer.name)
+    reads = ("scale", "window", "global_every") if "softmax" in layers else (
+        ("scale",) if family == "encoder_decoder" else ())
+    out = MixerConfig(**mixer)
+    for k, v in options.items():
+        if k in reads and v != getattr(SoftmaxOptions(), k):
+            out[k] = v
+    return out
 
 
 def _label(family: str, pos: PositionConfig, attention: str, style: int,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from blocklab.config.migrate import renamed
 from blocklab.config.strict import HIDDEN_OPTIONS, closest, key_problem, option_problem
 from blocklab.errors import ConfigError
 
@@ -52,7 +53,18 @@ def _missing(e: Exception, overrides: Sequence[str]) -> ConfigError | None:
 def _typo(key: str, line: str, cause: BaseException | None, schema: type | None
           ) -> ConfigError:
     """``model.n_layer=3`` (no ``+``): the closest known key, never "add a +" -- except below
-    an open mapping (``model.mixer.options``), where adding a key is what ``+`` is for."""
+    an open mapping (``model.mixer.options``), where adding a key is what ``+`` is for. A key
+    an earlier version had (``model.attention.window``) names its new place; a mixer option
+    the chosen mixer's file does not list names the mixer that owns it."""
+    if new := renamed(key):
+        value = line.split("=", 1)[-1]
+        return ConfigError(f"config error: {line}: {key} is now {new} (a softmax option); set "
+                           f"{new}={value}")
+    parent, _, leaf = key.rpartition(".")
+    if parent == "model.mixer":
+        from blocklab.config.mixer_options import compose_hint
+
+        return ConfigError(f"config error: {line}: {compose_hint(leaf)}")
     if "is not in struct" in str(cause) and "Dict[" in str(cause):
         parent = key.rpartition(".")[0]
         return ConfigError(f"config error: {line}: {parent} is a free-form mapping; add a key "

@@ -5,9 +5,10 @@ by ``blocklab.config.schema`` (import from ``blocklab.config``). Rules on these 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 # Component axes (family, norm, block, position, ffn, attention) are plain strings checked
 # against their registries (registry.py), so a user module can add a choice; the file name of
@@ -75,69 +76,106 @@ class FFNConfig:
 
 @dataclass
 class AttentionConfig:
+    """The head layout shared by every mixer with heads (softmax, linear attention) and by
+    cross-attention. Softmax's own options (window, layer pattern, score scale, dropout) are
+    ``model.mixer``'s (model/softmax_options.py ``SoftmaxOptions``)."""
+
     name: str = "mha"
     n_kv_heads: int | None = None  # mha: null (= n_heads); gqa: required; mqa: null (= 1)
     bias: bool = True
-    dropout: float = 0.0
-    # attention score scale; null = 1/sqrt(d_head); T5 uses 1.0 (unscaled scores)
-    scale: float | None = None
-    # Local (sliding-window) self-attention: keys per query, the query itself included
-    # (null = global). A causal stack sees the query and the window - 1 tokens before it; a
-    # bidirectional (encoder) stack the query and (window - 1) / 2 tokens on each side (window
-    # odd). Cross-attention is never windowed.
-    window: int | None = None
-    # Which layers are local when a window is set: 0 = every layer; n >= 2 = every n-th layer
-    # (layers n, 2n, ... counting from 1) is global, the others local.
-    global_every: int = 0
-    # Or an explicit per-layer pattern, "global" / "local" per layer, repeated over the layers
-    # of each stack ([] = global_every decides), e.g. [global, global, local, local] for a
-    # Qwen2 whose first two of four layers are full attention. Needs a window and
-    # global_every: 0.
-    layers: list[str] = field(default_factory=list)
 
 
-ATTENTION_LAYER_KINDS = ("global", "local")  # the entries of model.attention.layers
+#: ``model.mixer``'s keys that choose mixers; every other key is an option of a mixer in use.
+MIXER_CHOICE_KEYS = ("name", "pattern", "encoder")
+#: a plugin mixer without an options dataclass reads its options from ``model.mixer.options``
+MIXER_FREE_KEY = "options"
 
-MIXER_FEATURE_MAPS = ("elu", "taylor")  # linear attention's feature maps
+
+class MixerConfig(dict):
+    """``model.mixer``: the sequence mixer of every layer (model/mixers.py ``MIXERS``) and the
+    options of the mixers in use, in one flat mapping -- ``MixerConfig(name="ssm",
+    d_state=8)`` is ``model/mixer=ssm model.mixer.d_state=8``. ``name`` (every layer),
+    ``pattern`` (hybrid stacks: one mixer per layer, repeated; [] = ``name``) and ``encoder``
+    (the mixers of a bidirectional stack, repeated; [] = as above) choose the mixers; every
+    other key is an option that a mixer in use declares in its options dataclass (``options``
+    on the mixer class, e.g. model/ssm.py ``SSMOptions``), read with :meth:`read`; an option
+    two mixers in use both declare (``chunk``) takes one value. Validation refuses a key no
+    mixer in use declares, naming its owner or the closest key, and fills in the defaults of
+    the mixers in use. A plugin mixer without an options dataclass reads
+    ``options`` (a free-form dict, checked by its own ``check``).
+
+    A dict (not a dataclass) so that Hydra holds it as an open node: each
+    ``configs/model/mixer/<name>.yaml`` lists its own options (the mixer config module
+    docstring, model/mixer.py, says why)."""
+
+    def __init__(self, name: str = "softmax", pattern: list[str] | tuple[str, ...] = (),
+                 encoder: list[str] | tuple[str, ...] = (), **options: Any) -> None:
+        super().__init__(name=name, pattern=list(pattern), encoder=list(encoder), **options)
+
+    @property
+    def name(self) -> str:
+        return self["name"]
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self["name"] = value
+
+    @property
+    def pattern(self) -> list[str]:
+        return self.setdefault("pattern", [])
+
+    @pattern.setter
+    def pattern(self, value: list[str]) -> None:
+        self["pattern"] = list(value)
+
+    @property
+    def encoder(self) -> list[str]:
+        return self.setdefault("encoder", [])
+
+    @encoder.setter
+    def encoder(self, value: list[str]) -> None:
+        self["encoder"] = list(value)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The free-form options of a plugin mixer without an options dataclass."""
+        return self.get(MIXER_FREE_KEY) or {}
+
+    def __getattr__(self, option: str) -> Any:  # m.mixer.d_state: an option that is set
+        try:
+            return self[option]
+        except KeyError:
+            raise AttributeError(f"model.mixer has no {option!r} (not set; read a mixer's "
+                                 "options with m.mixer.read(Options))") from None
+
+    def settings(self) -> dict[str, Any]:
+        """The flat options (every key but the mixer choice and the free-form ``options``)."""
+        return {k: v for k, v in self.items()
+                if k not in MIXER_CHOICE_KEYS and k != MIXER_FREE_KEY}
+
+    def read(self, options: type[T]) -> T:
+        """The options dataclass ``options`` of a mixer, from the flat keys it declares (its
+        defaults for the others)."""
+        names = {f.name for f in dataclasses.fields(options)}  # type: ignore[arg-type]
+        return options(**{k: v for k, v in self.items() if k in names})
+
+    def __repr__(self) -> str:
+        return f"MixerConfig({', '.join(f'{k}={v!r}' for k, v in self.items())})"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MixerConfig:
+        import copy
+
+        return MixerConfig(**copy.deepcopy(dict(self), memo))
+
+    def __reduce__(self):  # pickles as itself (checkpoints hold plain dicts, never this)
+        return (_mixer_config, (dict(self),))
 
 
-@dataclass
-class MixerConfig:
-    """The sequence mixer of every layer: how a layer mixes information along the sequence
-    (model/mixers.py ``MIXERS``). ``softmax`` is attention (its heads, window and score scale
-    are ``model.attention``); the others keep a decode state of their own. Each built-in mixer
-    reads only its own options below; a user mixer reads ``options``."""
+def _mixer_config(items: dict[str, Any]) -> MixerConfig:
+    return MixerConfig(**items)
 
-    name: str = "softmax"  # softmax | linear | gated_conv | ssm | a registered mixer
-    # hybrid stacks: one mixer name per layer, repeated over the layers ([] = `name` on every
-    # layer), e.g. [linear, linear, linear, softmax] = every 4th layer softmax
-    pattern: list[str] = field(default_factory=list)
-    # the mixers of a bidirectional (encoder) stack, repeated over its layers ([] = as above):
-    # e.g. an encoder–decoder with softmax in the encoder and ssm in the decoder
-    encoder: list[str] = field(default_factory=list)
-    # linear attention ("Transformers are RNNs", arXiv 2006.16236; "Based", arXiv 2402.18668):
-    # feature map elu (elu(x) + 1, d_head features) | taylor (2nd-order Taylor of exp over a
-    # feature_dim projection: 1 + d + d^2 features)
-    feature_map: str = "elu"
-    feature_dim: int = 16  # taylor: query/key projection width per head
-    # linear attention and gated_conv: a short causal depthwise convolution of this many taps
-    # on the input (0 = none; gated_conv needs >= 1)
-    short_conv: int = 0
-    chunk: int = 64  # linear / ssm: chunk length of the chunked parallel form in training
-    # gated_conv ("Hungry Hungry Hippos", arXiv 2212.14052; "Hyena", arXiv 2302.10866; Zoology's
-    # BaseConv, arXiv 2312.04927): y = (W_g x) * long_conv(short_conv(W_u x)); long_conv true
-    # adds a filter over the whole context, computed by FFT
-    long_conv: bool = True
-    # ssm ("Mamba", arXiv 2312.00752): state size per channel, expansion, conv taps, dt rank
-    d_state: int = 16
-    expand: int = 2
-    d_conv: int = 4
-    dt_rank: int | None = None  # null = ceil(d_model / 16)
-    # the training scan: sequential (a step per token, hand-written backward) | chunked
-    # (chunk + T / chunk steps) | auto (sequential on CPU, chunked on accelerators)
-    scan: str = "auto"
-    # a user mixer's own options (open on purpose: its own check() validates them)
-    options: dict[str, Any] = field(default_factory=dict)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -148,7 +186,8 @@ class ModelConfig:
     position: PositionConfig = field(default_factory=PositionConfig)
     ffn: FFNConfig = field(default_factory=FFNConfig)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
-    mixer: MixerConfig = field(default_factory=MixerConfig)
+    # an open node for Hydra (each mixer's YAML lists its options), a MixerConfig in Python
+    mixer: dict[str, Any] = field(default_factory=MixerConfig)
     vocab_size: int | None = 256  # null = the tokenizer's size (filled in by training)
     d_model: int = 64
     n_layers: int = 2
@@ -166,6 +205,10 @@ class ModelConfig:
     type_vocab_size: int = 0
     # factor on the final hidden state before the LM head (T5 with a tied head: d_model^-0.5)
     head_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mixer, MixerConfig):  # from OmegaConf or a plain dict
+            self.mixer = MixerConfig(**dict(self.mixer))
 
     # Derived values: read these, never recompute them at call sites.
     @property

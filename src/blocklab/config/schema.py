@@ -37,9 +37,7 @@ from blocklab.config.facts import (  # noqa: F401 (re-exported: old imports keep
 # The model axes' dataclasses live in model_schema.py; re-exported so that every
 # ``blocklab.config.schema`` import keeps working.
 from blocklab.config.model_schema import (  # noqa: F401
-    ATTENTION_LAYER_KINDS,
     GELU_FORMS,
-    MIXER_FEATURE_MAPS,
     AttentionConfig,
     BlockConfig,
     FamilyConfig,

@@ -6,14 +6,19 @@ is read back as plain data: :func:`stored_config` is the one way such data becom
 (:func:`refuse_instructions`), merged onto today's schema (unknown keys and wrong types
 refused), never resolved, never instantiated. :func:`check_copies` refuses readable copies
 (``config.yaml``, ``meta.json``, ``tokenizer.json``) that say something else than the state
-that runs. Errors are :class:`CheckpointError` (exit code 4). Torch-free.
+that runs. A config written by an earlier layout is migrated here, once, on read
+(config/migrate.py: softmax's options moved from ``model.attention`` to ``model.mixer``, the
+options no mixer in use reads dropped), said in one line when a value that mattered moved.
+Errors are :class:`CheckpointError` (exit code 4). Torch-free.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
+from blocklab.config import migrate
 from blocklab.config.schema import TrainConfig
 from blocklab.errors import CheckpointError
 from blocklab.provenance import config_diff
@@ -30,12 +35,21 @@ def stored_config(config: Any, where: str) -> TrainConfig:
     if not isinstance(config, dict):
         raise CheckpointError(f"{where}: no stored config (refused)")
     refuse_instructions(config, where)
+    old = migrate.migrate_stored(config)
+    if old is not None:
+        config, notes = old
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))
+        tc = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), config))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise CheckpointError(f"{where}: config.{key}: {str(e).splitlines()[0]} (the stored "
                               "config does not fit this blocklab's schema)") from None
+    if old is not None:
+        notes += migrate.finish(tc.model)
+        if notes:
+            print(f"note: {where}: a config written by an earlier blocklab, migrated on read: "
+                  f"{'; '.join(notes)}", file=sys.stderr)
+    return tc
 
 
 def refuse_instructions(data: Any, where: str, prefix: str = "config") -> None:

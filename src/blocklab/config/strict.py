@@ -7,8 +7,8 @@ such a key would be kept and silently ignored (``+model.n_layer=3`` training the
 :func:`check_keys` walks a composed config against its schema and refuses the first undeclared
 key in one line naming it and the closest known key. The places open on purpose are the
 free-form mappings of the schema (fields typed ``dict[str, Any]`` or ``Any``: today
-``model.mixer.options``, a user mixer's own options, checked by that mixer), and Hydra's own
-``hydra`` node; nothing below them is checked here.
+``model.mixer``, the options of the mixers in use, read by config/mixer_options.py at
+validation), and Hydra's own ``hydra`` node; nothing below them is checked here.
 
 :class:`SweepCheck` (a Hydra callback, ``hydra.callbacks`` in ``configs/train.yaml``) applies
 the same rules, and Hydra's own rule for group options, to a sweep before its first job or
@@ -144,6 +144,10 @@ def key_problem(path: str, schema: type | None) -> str | None:
         return None
     if _node_type(schema, path) is not None:
         return None
+    from blocklab.config.migrate import renamed
+
+    if new := renamed(path):
+        return f"{path} is now {new} (a softmax option)"
     parts = path.split(".")
     first = next(i for i in range(1, len(parts) + 1)
                  if _node_type(schema, ".".join(parts[:i])) is None)

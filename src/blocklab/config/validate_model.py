@@ -12,12 +12,8 @@ import dataclasses
 from typing import Any
 
 from blocklab.config.checks import _check, _fail, _finite, _name
-from blocklab.config.model_schema import (
-    ATTENTION_LAYER_KINDS,
-    GELU_FORMS,
-    ModelConfig,
-    PositionConfig,
-)
+from blocklab.config.mixer_options import validate_mixer_options
+from blocklab.config.model_schema import GELU_FORMS, ModelConfig, PositionConfig
 from blocklab.config.schema import DataConfig
 
 MODEL_AXES = ("family", "norm", "block", "position", "ffn", "attention", "mixer")
@@ -40,9 +36,8 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
         value = getattr(m, name)
         if value < 1:
             raise _fail(f"{key}.{name}", value, "must be >= 1")
-    for name, value in (("dropout", m.dropout), ("attention.dropout", m.attention.dropout)):
-        if not 0.0 <= value < 1.0:
-            raise _fail(f"{key}.{name}", value, "must be in [0, 1)")
+    if not 0.0 <= m.dropout < 1.0:
+        raise _fail(f"{key}.dropout", m.dropout, "must be in [0, 1)")
     if m.d_head is None and m.d_model % m.n_heads:
         raise _fail(f"{key}.n_heads", m.n_heads, f"must divide d_model={m.d_model}",
                     "or set model.d_head explicitly")
@@ -57,8 +52,6 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
             rule(m, key)
     _validate_values(m, key)
     family = registry.lookup("family", m.family.name, f"{key}.family.name")
-    _validate_window(m, key, bidirectional=getattr(family, "has_bidirectional_stack", False),
-                     stacks=family.stacks(m))
     _validate_mixers(m, key, family)
     return m
 
@@ -70,10 +63,6 @@ def _validate_values(m: ModelConfig, key: str) -> None:
         raise _fail(f"{key}.norm.eps", m.norm.eps, "must be > 0")
     if m.ffn.approximate not in GELU_FORMS:
         raise _fail(f"{key}.ffn.approximate", m.ffn.approximate, f"one of {list(GELU_FORMS)}")
-    if m.attention.scale is not None and not (_finite(m.attention.scale)
-                                              and m.attention.scale > 0):
-        raise _fail(f"{key}.attention.scale", m.attention.scale,
-                    "must be null (1/sqrt(d_head)) or a finite number > 0")
     if m.type_vocab_size < 0:
         raise _fail(f"{key}.type_vocab_size", m.type_vocab_size, "must be >= 0 (0 = none)")
     if not (_finite(m.head_scale) and m.head_scale > 0):
@@ -83,14 +72,15 @@ def _validate_values(m: ModelConfig, key: str) -> None:
 
 
 def _validate_mixers(m: ModelConfig, key: str, family: Any) -> None:
-    """Every layer's mixer exists, fits its stack (encoders need a bidirectional form) and
-    passes its own rules (``Mixer.check``); the position scheme and the attention window are
-    used by some layer."""
+    """Every layer's mixer exists, fits its stack (encoders need a bidirectional form), is
+    read its options (config/mixer_options.py) and passes its own rules (``Mixer.check``);
+    the position scheme is used by some layer."""
     from blocklab import registry
 
     for field_name in ("pattern", "encoder"):
         for name in getattr(m.mixer, field_name):
             registry.lookup("mixer", name, f"{key}.mixer.{field_name}")
+    validate_mixer_options(m, key, family)
     used = []
     for n_layers, _, causal in family.stacks(m):
         where = key + m.mixer_key(causal).removeprefix("model")
@@ -116,64 +106,6 @@ def _validate_mixers(m: ModelConfig, key: str, family: Any) -> None:
            f"{key}.position.name", m.position.name, f"rotary angles apply to mixers that "
            f"rotate queries and keys (softmax), and no layer does "
            f"({where}={pattern or m.mixer.name!r})", "use model/position=none or a softmax layer")
-    _check(m.attention.window is None or any(x.uses_score_bias for x in used),
-           f"{key}.attention.window", m.attention.window,
-           f"only softmax layers have a window, and no layer is softmax "
-           f"({where}={pattern or m.mixer.name!r})")
-
-
-def _validate_window(m: ModelConfig, key: str, *, bidirectional: bool,
-                     stacks: list[tuple[int, bool, bool]]) -> None:
-    """Local (sliding-window) attention: ``window`` keys per query (null = global), odd where the
-    family has a bidirectional stack (a centred window), ``global_every`` 0 or >= 2, only with a
-    window, and making at least one layer global: ``global_every`` past every stack's depth
-    silently meant "all local", which is ``global_every: 0``."""
-    a = m.attention
-    _check(a.window is None or (isinstance(a.window, int) and a.window >= 1),
-           f"{key}.attention.window", a.window,
-           "must be null (global attention) or >= 1 (keys per query, the query included)")
-    _check(a.window is None or not bidirectional or a.window % 2 == 1,
-           f"{key}.attention.window", a.window,
-           f"must be odd for family {m.family.name!r}: a bidirectional stack sees "
-           "(window - 1) / 2 tokens on each side")
-    _check(a.global_every == 0 or a.global_every >= 2, f"{key}.attention.global_every",
-           a.global_every, "must be 0 (every layer local) or >= 2 (layers n, 2n, ... global)")
-    _check(a.global_every == 0 or a.window is not None, f"{key}.attention.global_every",
-           a.global_every, "needs model.attention.window (null: every layer is already global)")
-    deepest = max(n for n, _, _ in stacks)  # a shallower stack may be all local; not every one
-    _check(a.global_every <= deepest, f"{key}.attention.global_every", a.global_every,
-           f"no layer would be global: must be <= the deepest stack's {deepest} layers "
-           f"({_depths(m, key)})", "global_every: 0 makes every layer local")
-    _validate_layer_kinds(m, key, deepest)
-
-
-def _validate_layer_kinds(m: ModelConfig, key: str, deepest: int) -> None:
-    """``attention.layers``, the explicit per-layer pattern: "global" / "local" entries, only
-    with a window and instead of ``global_every`` (two patterns at once would leave one
-    silently unused), no longer than the deepest stack (entries past it would never be read)
-    and with a local entry (else the window changes nothing: ``window: null``)."""
-    a, where = m.attention, f"{key}.attention.layers"
-    if not a.layers:
-        return
-    bad = [x for x in a.layers if x not in ATTENTION_LAYER_KINDS]
-    _check(not bad, where, a.layers, f"entries must be one of {', '.join(ATTENTION_LAYER_KINDS)}"
-           f" (not {bad[0]!r})" if bad else "")
-    _check(a.window is not None, where, a.layers,
-           "needs model.attention.window (null: every layer is already global)")
-    _check(a.global_every == 0, where, a.layers,
-           f"says which layers are global, and so does model.attention.global_every="
-           f"{a.global_every}", "set global_every: 0 with an explicit list")
-    _check(len(a.layers) <= deepest, where, a.layers,
-           f"{len(a.layers)} entries, more than the deepest stack's {deepest} layers "
-           f"({_depths(m, key)}): the rest would never be read")
-    _check("local" in a.layers, where, a.layers, "no layer would be local, so the window would "
-           "change nothing", "window: null makes every layer global")
-
-
-def _depths(m: ModelConfig, key: str) -> str:
-    if m.family.n_encoder_layers is None:
-        return f"{key}.n_layers={m.n_layers}"
-    return f"{key}.n_layers={m.n_layers}, {key}.family.n_encoder_layers={m.encoder_layers}"
 
 
 def validate_model_options(m: ModelConfig, data: DataConfig, key: str = "model") -> None:

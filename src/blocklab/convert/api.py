@@ -15,6 +15,7 @@ from torch import Tensor
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ModelConfig, TrainConfig, model_config, model_to_dict
+from blocklab.config.migrate import legacy_config, legacy_layout
 from blocklab.convert.fields import Fields
 from blocklab.convert.gguf_file import read_gguf
 from blocklab.convert.sources import Source, confined, read_hf_dir, resolve_source
@@ -246,13 +247,14 @@ def _meta(p: Pretrained, model, run_dir: Path) -> dict[str, Any]:
     plain = _train_config(p.model, str(run_dir / "tokenizer"))
     return {
         "format_version": ckpt.FORMAT_VERSION, "config": plain,
-        "config_yaml": _yaml(plain), "overrides": [], "arch_hash": arch_hash(model_to_dict(p.model)),
+        "config_yaml": _yaml(plain), "overrides": [],
+        "arch_hash": arch_hash(legacy_layout(model_to_dict(p.model))),
         "tokenizer": p.tokenizer, "tokenizer_hash": text_hash(p.tokenizer),
         "data_fingerprint": None, "specials": p.specials, "text_bos": p.text_bos,
         "chat_template": p.chat_template,
         "versions": versions(), "git": git_info(), "run_dir": str(run_dir),
         "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "params": count_params(p.model), "config_hash": config_hash(plain),
+        "params": count_params(p.model), "config_hash": config_hash(legacy_config(plain)),
         "imported": p.source, "step": 0, "batches_seen": 0, "tokens_seen": 0,
     }
 

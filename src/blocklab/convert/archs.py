@@ -20,6 +20,7 @@ from blocklab.convert.arch_base import Arch, _attention_name, _ffn, _gelu_ffn, _
 from blocklab.convert.encoders import T5, Bert
 from blocklab.convert.fields import Fields
 from blocklab.convert.weights import Weights
+from blocklab.model.softmax_options import softmax_options
 
 __all__ = ["GPT2", "T5", "Arch", "Bert", "Llama"]  # BERT and T5 live in encoders.py
 
@@ -113,8 +114,9 @@ class Llama(Arch):
             "block": {"name": "pre"}, "position": _rope_in(f, max_pos),
             "ffn": {"name": "swiglu", "bias": False},
             "attention": {"name": _attention_name(h, kv),
-                          "n_kv_heads": kv if 1 < kv < h else None, "bias": False,
-                          "dropout": float(f.take("attention_dropout", 0.0))},
+                          "n_kv_heads": kv if 1 < kv < h else None, "bias": False},
+            "mixer": {"name": "softmax",
+                      "dropout": float(f.take("attention_dropout", 0.0))},
             "vocab_size": f.take("vocab_size"), "d_model": d,
             "n_layers": f.take("num_hidden_layers"), "n_heads": h,
             "d_head": f.take("head_dim", d // h), "d_ff": f.take("intermediate_size"),
@@ -134,7 +136,7 @@ class Llama(Arch):
             "num_attention_heads": m.n_heads, "num_key_value_heads": m.kv_heads,
             "head_dim": m.head_dim, "hidden_act": "silu",
             "max_position_embeddings": m.max_seq_len, "rms_norm_eps": m.norm.eps,
-            "rope_parameters": _rope_out(m), "attention_dropout": m.attention.dropout,
+            "rope_parameters": _rope_out(m), "attention_dropout": softmax_options(m).dropout,
             "tie_word_embeddings": m.tie_embeddings,
         }
 
@@ -213,7 +215,8 @@ class GPT2(Arch):
             "block": {"name": "pre"}, "position": {"name": "learned"},
             "ffn": {**_gelu_ffn(f.take("activation_function", "gelu_new"), f,
                                 "activation_function"), "bias": True},
-            "attention": {"name": "mha", "bias": True, "dropout": float(f.take("attn_pdrop", 0.1))},
+            "attention": {"name": "mha", "bias": True},
+            "mixer": {"name": "softmax", "dropout": float(f.take("attn_pdrop", 0.1))},
             "vocab_size": f.take("vocab_size"), "d_model": d,
             "n_layers": f.take("n_layer", None, "num_hidden_layers"),
             "n_heads": f.take("n_head", None, "num_attention_heads"),
@@ -228,7 +231,7 @@ class GPT2(Arch):
             "n_embd": m.d_model, "n_layer": m.n_layers, "n_head": m.n_heads, "n_inner": m.d_ff,
             "n_positions": m.max_seq_len, "activation_function": _hf_act(_ffn(m)),
             "layer_norm_epsilon": m.norm.eps, "resid_pdrop": m.dropout, "embd_pdrop": m.dropout,
-            "attn_pdrop": m.attention.dropout, "scale_attn_weights": True,
+            "attn_pdrop": softmax_options(m).dropout, "scale_attn_weights": True,
             "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
             "tie_word_embeddings": m.tie_embeddings,
         }

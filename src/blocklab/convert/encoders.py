@@ -14,6 +14,7 @@ from blocklab.convert.arch_base import Arch, _ffn, _gelu_ffn, _head_in, _hf_act
 from blocklab.convert.fields import Fields
 from blocklab.convert.weights import Weights
 from blocklab.errors import ConfigError
+from blocklab.model.softmax_options import softmax_options
 
 # ------------------------------------------------------------------------------------- BERT
 
@@ -38,8 +39,9 @@ class Bert(Arch):
             "norm": {"name": "layernorm", "eps": f.take("layer_norm_eps", 1e-12), "bias": True},
             "block": {"name": "post"}, "position": {"name": "learned"},
             "ffn": {**_gelu_ffn(act, f, "hidden_act"), "bias": True},
-            "attention": {"name": "mha", "bias": True,
-                          "dropout": float(f.take("attention_probs_dropout_prob", 0.1))},
+            "attention": {"name": "mha", "bias": True},
+            "mixer": {"name": "softmax",
+                      "dropout": float(f.take("attention_probs_dropout_prob", 0.1))},
             "vocab_size": f.take("vocab_size"), "d_model": f.take("hidden_size"),
             "n_layers": f.take("num_hidden_layers"), "n_heads": f.take("num_attention_heads"),
             "d_ff": f.take("intermediate_size"),
@@ -55,7 +57,7 @@ class Bert(Arch):
             "hidden_size": m.d_model, "num_hidden_layers": m.n_layers,
             "num_attention_heads": m.n_heads, "intermediate_size": m.d_ff,
             "hidden_act": _hf_act(_ffn(m)), "hidden_dropout_prob": m.dropout,
-            "attention_probs_dropout_prob": m.attention.dropout,
+            "attention_probs_dropout_prob": softmax_options(m).dropout,
             "max_position_embeddings": m.max_seq_len, "type_vocab_size": m.type_vocab_size,
             "layer_norm_eps": m.norm.eps, "position_embedding_type": "absolute",
             "is_decoder": False, "add_cross_attention": False,
@@ -159,7 +161,8 @@ class T5(Arch):
                          "num_buckets": f.take("relative_attention_num_buckets", 32),
                          "max_distance": f.take("relative_attention_max_distance", 128)},
             "ffn": {**ffn, "bias": False},
-            "attention": {"name": "mha", "bias": False, "dropout": rate, "scale": 1.0},
+            "attention": {"name": "mha", "bias": False},
+            "mixer": {"name": "softmax", "dropout": rate, "scale": 1.0},  # T5: unscaled
             "vocab_size": f.take("vocab_size"), "d_model": d,
             "n_layers": f.take("num_decoder_layers") or n,
             "n_heads": f.take("num_heads", None, "num_attention_heads"),

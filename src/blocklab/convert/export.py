@@ -18,6 +18,7 @@ from blocklab.convert.table import ARCHITECTURES
 from blocklab.errors import ConfigError
 from blocklab.files import check_destination, write_dir_atomic, write_file
 from blocklab.model.masks import layer_window
+from blocklab.model.softmax_options import softmax_options
 from blocklab.progress import Progress
 from blocklab.provenance import versions
 
@@ -32,7 +33,7 @@ def _compare(arch: Arch, m: ModelConfig) -> tuple[bool, list[str]]:
     want, got = _normal(m), _normal(back)
     skip = set(arch.unmapped)
     if _layer_windows(m) == _layer_windows(back):  # one pattern, written either way
-        skip |= {"attention.global_every", "attention.layers"}
+        skip |= {"mixer.global_every", "mixer.layers"}
     if _layer_mixers(m) == _layer_mixers(back):  # [softmax] is softmax on every layer
         skip |= {"mixer.name", "mixer.pattern", "mixer.encoder"}
     return True, [f"model.{k}={v!r} ({arch.name} has {got.get(k)!r})" for k, v in want.items()
@@ -51,7 +52,8 @@ def _normal(m: ModelConfig) -> dict[str, Any]:
 def _layer_windows(m: ModelConfig) -> list[int | None]:
     """Each layer's window (masks.layer_window) over the deepest stack: ``global_every: 2``
     and ``layers: [local, global]`` are the same model."""
-    return [layer_window(m.attention, i) for i in range(max(m.n_layers, m.encoder_layers))]
+    opts = softmax_options(m)
+    return [layer_window(opts, i) for i in range(max(m.n_layers, m.encoder_layers))]
 
 
 def _layer_mixers(m: ModelConfig) -> list[list[str]]:

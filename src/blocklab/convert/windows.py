@@ -1,6 +1,6 @@
 """Sliding-window decoders: Mistral (one window on every layer) and Qwen2 (a window on the
 layers its ``layer_types`` name) — the Llama layout plus blocklab's local attention
-(``model.attention.window`` with ``global_every`` or an explicit ``layers`` pattern,
+(``model.mixer.window`` with ``global_every`` or an explicit ``layers`` pattern,
 ``masks.layer_window``).
 
 The window convention is the same on both sides, so ``sliding_window = W`` maps to ``window =
@@ -25,6 +25,7 @@ from blocklab.convert.fields import Fields
 from blocklab.convert.weights import Weights
 from blocklab.errors import ConfigError
 from blocklab.model.masks import layer_window
+from blocklab.model.softmax_options import softmax_options
 
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types entries
 
@@ -46,7 +47,7 @@ def pattern_in(types: list[str], window: int | None) -> dict[str, Any]:
 
 def layer_types_out(m: ModelConfig) -> list[str]:
     """blocklab's layer windows -> HF's ``layer_types``."""
-    return [FULL if layer_window(m.attention, i) is None else SLIDING for i in range(m.n_layers)]
+    return [FULL if layer_window(softmax_options(m), i) is None else SLIDING for i in range(m.n_layers)]
 
 
 class Mistral(Llama):
@@ -67,11 +68,11 @@ class Mistral(Llama):
             f.refuse("layer_types", types, "Hugging Face's MistralForCausalLM ignores it: every "
                      f"layer attends with sliding_window={window!r} (a per-layer pattern is a "
                      "Ministral / Qwen2 model)")
-        plain["attention"]["window"] = window
+        plain["mixer"]["window"] = window
         return plain
 
     def config_out(self, m: ModelConfig) -> dict[str, Any]:
-        return {**self.core_out(m), "sliding_window": m.attention.window}
+        return {**self.core_out(m), "sliding_window": softmax_options(m).window}
 
 
 class Qwen2(Llama):
@@ -111,12 +112,12 @@ class Qwen2(Llama):
             f.refuse("layer_types", types, "names sliding layers, but there is no window "
                      f"(use_sliding_window={use}, sliding_window="
                      f"{f.config.get('sliding_window')!r}): Hugging Face's Qwen2 cannot run it")
-        plain["attention"].update(pattern_in(types, window))
+        plain["mixer"].update(pattern_in(types, window))
         return plain
 
     def config_out(self, m: ModelConfig) -> dict[str, Any]:
         types = layer_types_out(m)
-        window = m.attention.window if SLIDING in types else None
+        window = softmax_options(m).window if SLIDING in types else None
         first = types.index(SLIDING) if window is not None else m.n_layers
         return {**self.core_out(m), "use_sliding_window": window is not None,
                 "sliding_window": window, "max_window_layers": first, "layer_types": types}

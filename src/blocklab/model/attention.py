@@ -22,6 +22,12 @@ from blocklab.model.cache import check_no_grad
 from blocklab.model.kv import CrossKV, FixedKVState, KVState, RingState, ring_slots
 from blocklab.model.mixer import Mixer, Sequence, State
 from blocklab.model.position import apply_rotary
+from blocklab.model.softmax_options import (
+    SoftmaxOptions,
+    check_values,
+    check_window,
+    softmax_options,
+)
 
 #: A local layer computes attention in blocks of at least this many queries (each over its
 #: band of 2 or 3 blocks of keys) once the sequence spans more than two blocks.
@@ -56,13 +62,13 @@ def _sdpa(layer: nn.Module, q: Tensor, k: Tensor, v: Tensor,
     )  # (B, H, Tq, D)
 
 
-def _init_heads(layer: nn.Module, cfg: AttentionConfig, *, d_model: int, n_heads: int,
-                n_kv_heads: int, d_head: int) -> None:
+def _init_heads(layer: nn.Module, cfg: AttentionConfig, opts: SoftmaxOptions, *,
+                d_model: int, n_heads: int, n_kv_heads: int, d_head: int) -> None:
     """What self- and cross-attention share: head sizes, dropout, score scale and the output
     projection."""
     layer.n_heads, layer.n_kv_heads, layer.d_head = n_heads, n_kv_heads, d_head
-    layer.dropout = cfg.dropout
-    layer.scale = cfg.scale  # None = 1/sqrt(d_head)
+    layer.dropout = opts.dropout
+    layer.scale = opts.scale  # None = 1/sqrt(d_head)
     layer.out = nn.Linear(n_heads * d_head, d_model, bias=cfg.bias)
 
 
@@ -72,7 +78,7 @@ class SoftmaxAttention(Mixer):
     ``n_heads / n_kv_heads`` query heads (the head layout, ``model.attention``: GQA, arXiv
     2305.13245; MQA, arXiv 1911.02150).
 
-    A local layer (``model.attention.window`` on the layers ``global_every`` / ``layers`` leave
+    A local layer (``model.mixer.window`` on the layers ``global_every`` / ``layers`` leave
     local, :func:`~blocklab.model.masks.layer_window`: Longformer, arXiv 2004.05150; Mistral;
     Gemma 2)
     computes its scores in blocks: each block of ``L >= window - 1`` queries attends over the
@@ -83,15 +89,17 @@ class SoftmaxAttention(Mixer):
     uses_score_bias = True
     uses_rotary = True
     residual_outputs = ("out",)
+    options = SoftmaxOptions
+    cross_options = ("scale", "dropout")  # what cross-attention reads (it is softmax too)
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
-        a = m.attention
-        _init_heads(self, a, **attention_dims(m))
+        a, opts = m.attention, softmax_options(m)
+        _init_heads(self, a, opts, **attention_dims(m))
         h, hkv, d = self.n_heads, self.n_kv_heads, self.d_head
         self.qkv = nn.Linear(m.d_model, (h + 2 * hkv) * d, bias=a.bias)
         #: keys per query of this layer (None = global)
-        self.window = masks.layer_window(a, layer)
+        self.window = masks.layer_window(opts, layer)
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         b, t, _ = x.shape
@@ -175,7 +183,7 @@ class SoftmaxAttention(Mixer):
     def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:
         """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311) or
         ``min(window, T)`` (a local one: the blocked computation never scores far keys)."""
-        window = masks.layer_window(m.attention, layer)
+        window = masks.layer_window(softmax_options(m), layer)
         return seq_len if window is None else min(window, seq_len)
 
     @classmethod
@@ -191,9 +199,19 @@ class SoftmaxAttention(Mixer):
                     bytes_per_value: int) -> int:
         """K and V of every token so far, or of the ``min(window - 1, T)`` a local layer's
         ring keeps: ``2 · B · H_kv · d_head · bytes`` per token."""
-        window = masks.layer_window(m.attention, layer)
+        window = masks.layer_window(softmax_options(m), layer)
         tokens = seq_len if window is None else ring_slots(window, seq_len)
         return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
+
+    @classmethod
+    def check_options(cls, opts: SoftmaxOptions, key: str) -> None:
+        """The values of softmax's options, whenever they are in use (cross-attention too)."""
+        check_values(opts, key)
+
+    @classmethod
+    def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
+        """The window against the stacks (softmax_options.py)."""
+        check_window(m, softmax_options(m), causal=causal, key=key)
 
 
 def _empty_ring(seq: Sequence, state: State) -> bool:
@@ -216,10 +234,10 @@ class CrossAttention(nn.Module):
 
     residual_outputs = ("out",)
 
-    def __init__(self, cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
-                 d_head: int) -> None:
+    def __init__(self, cfg: AttentionConfig, opts: SoftmaxOptions, *, d_model: int,
+                 n_heads: int, n_kv_heads: int, d_head: int) -> None:
         super().__init__()
-        _init_heads(self, cfg, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        _init_heads(self, cfg, opts, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
                     d_head=d_head)
         self.q = nn.Linear(d_model, n_heads * d_head, bias=cfg.bias)
         self.kv = nn.Linear(d_model, 2 * n_kv_heads * d_head, bias=cfg.bias)

@@ -18,6 +18,7 @@ from blocklab.model.cache import DecodeCache
 from blocklab.model.estimate import ask, params_of
 from blocklab.model.masks import Visibility
 from blocklab.model.mixer import Sequence, mixer_class
+from blocklab.model.softmax_options import softmax_options
 from blocklab.registry import lookup
 
 
@@ -66,7 +67,8 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.attn = mixer_class(m, layer, causal)(m, layer, causal=causal)  # the sequence mixer
-        self.cross = CrossAttention(m.attention, **attention_dims(m)) if cross else None
+        self.cross = CrossAttention(m.attention, softmax_options(m),
+                                     **attention_dims(m)) if cross else None
         self.ffn = lookup("ffn", m.ffn.name)(m.ffn, m.d_model, m.d_ff)
         make_norm = lookup("norm", m.norm.name)
         n_sub = 3 if cross else 2

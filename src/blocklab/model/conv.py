@@ -35,6 +35,7 @@ C cache capacity (buffer slots), N FFT length, nb blocks of 2m tokens.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -141,25 +142,37 @@ class ConvState(State):
 
 # ------------------------------------------------------------------------------------ mixer
 
+@dataclass
+class ConvOptions:
+    """The ``gated_conv`` mixer's options (``model.mixer.<option>``)."""
+
+    short_conv: int = 3  # taps of the depthwise short convolution (>= 1)
+    # a filter of model.max_seq_len taps (its reach), by FFT in training; the decode state
+    # then grows with the context, like a KV cache
+    long_conv: bool = True
+
+
 class GatedConv(Mixer):
     """``y = W_o((W_g x) ⊙ long(short(W_u x)))`` (see the module docstring: Zoology's BaseConv,
     arXiv 2312.04927; H3, arXiv 2212.14052; Hyena, arXiv 2302.10866). No rotary angles, no
     score bias: positions enter only as the convolutions' token distances."""
 
     residual_outputs = ("out",)
+    options = ConvOptions
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
-        d, k, n = m.d_model, m.mixer.short_conv, m.max_seq_len
+        o = m.mixer.read(ConvOptions)
+        d, k, n = m.d_model, o.short_conv, m.max_seq_len
         self.proj = nn.Linear(d, 2 * d)  # u and the gate g
         self.out = nn.Linear(d, d)
         #: taps after the token (bidirectional: centred); tap i of ``short`` sees x_{t-i+ahead}
         self.ahead = 0 if causal else k - 1 - k // 2
         self.short = nn.Parameter(torch.empty(d, k))
         self.short_bias = nn.Parameter(torch.zeros(d))
-        self.long = nn.Parameter(torch.empty(d, n)) if m.mixer.long_conv else None
+        self.long = nn.Parameter(torch.empty(d, n)) if o.long_conv else None
         self.long_ahead = (nn.Parameter(torch.empty(d, n - 1))
-                           if m.mixer.long_conv and not causal else None)
+                           if o.long_conv and not causal else None)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -240,8 +253,9 @@ class GatedConv(Mixer):
     def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
         """``W_u, W_g, W_o`` with biases (``3d² + 3d``), the short taps and bias (``d·k +
         d``), the long filter (``d·L`` causal, ``d·(2L - 1)`` two-sided)."""
-        d, k, n = m.d_model, m.mixer.short_conv, m.max_seq_len
-        long = (n if causal else 2 * n - 1) * d if m.mixer.long_conv else 0
+        o = m.mixer.read(ConvOptions)
+        d, k, n = m.d_model, o.short_conv, m.max_seq_len
+        long = (n if causal else 2 * n - 1) * d if o.long_conv else 0
         return 3 * d * d + 3 * d + d * k + d + long
 
     @classmethod
@@ -253,9 +267,10 @@ class GatedConv(Mixer):
         complex convention halved) plus ``6`` per frequency bin, per token ``d·(10·log2(2T)
         + 6)`` (the filter's own FFT, shared by the batch, not counted). Packed documents
         cost ``~log2 T`` times that (:func:`packed_conv`); a decode step costs ``2·T·d``."""
-        d, k = m.d_model, m.mixer.short_conv
+        o = m.mixer.read(ConvOptions)
+        d, k = m.d_model, o.short_conv
         flops = 2.0 * (3 * d * d + 3 * d) + 2 * (d * k + d) + d
-        if m.mixer.long_conv:
+        if o.long_conv:
             flops += d * (10 * math.log2(2 * seq_len) + 6)
         return flops
 
@@ -264,12 +279,14 @@ class GatedConv(Mixer):
                     bytes_per_value: int) -> int:
         """The short tail (``k - 1`` inputs) and, with the long filter, one input per token:
         ``B · d · (k - 1 + T) · bytes`` — it grows with the context, like a KV cache."""
-        slots = m.mixer.short_conv - 1 + (seq_len if m.mixer.long_conv else 0)
+        o = m.mixer.read(ConvOptions)
+        slots = o.short_conv - 1 + (seq_len if o.long_conv else 0)
         return batch * m.d_model * slots * bytes_per_value
 
     @classmethod
     def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
-        require(m.mixer.short_conv >= 1, f"{key}.short_conv", m.mixer.short_conv,
+        o = m.mixer.read(ConvOptions)
+        require(o.short_conv >= 1, f"{key}.short_conv", o.short_conv,
                 "gated_conv needs a short convolution of >= 1 taps",
                 f"e.g. {key}.short_conv=3")
 

@@ -229,8 +229,9 @@ def _mixer_summary(m: ModelConfig, e: Estimate) -> str:
                 label = c.mixer
                 if c.mixer == "softmax":
                     from blocklab.model.masks import layer_window
+                    from blocklab.model.softmax_options import softmax_options
 
-                    w = layer_window(m.attention, c.layer)
+                    w = layer_window(softmax_options(m), c.layer)
                     label += " (global)" if w is None else f" (local, window {w})"
                 kinds[label] = kinds.get(label, 0) + 1
         parts.append(", ".join(f"{n} x {k}" for k, n in kinds.items()))
@@ -254,12 +255,15 @@ def table(m: ModelConfig, e: Estimate, *, batch: int, seq_len: int, bytes_per_va
         (f"decode state (B={batch}, T={seq_len}, {bytes_per_value} B/value)",
          f"{e.state_bytes:,} B ({e.state_bytes / gib:.3f} GiB)"),
     ]
-    if m.attention.window is not None:
-        g, kinds = m.attention.global_every, m.attention.layers
+    from blocklab.model.softmax_options import softmax_options
+
+    opts = softmax_options(m)
+    if opts.window is not None:
+        g, kinds = opts.global_every, opts.layers
         pattern = "every softmax layer local" if not g else f"layers {g}, {2 * g}, ... global"
         if kinds:  # an explicit pattern, repeated over the layers
             pattern = f"per layer: {', '.join(kinds)}"
-        rows.insert(3, ("attention window", f"{m.attention.window} tokens ({pattern})"))
+        rows.insert(3, ("attention window", f"{opts.window} tokens ({pattern})"))
     per_layer = [c for c in e.layers if c.state_bytes or c.flops_per_token]
     distinct = {(c.mixer, c.state_bytes, c.flops_per_token) for c in per_layer}
     if len(distinct) > 1:  # layers differ: show each

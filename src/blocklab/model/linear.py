@@ -24,7 +24,7 @@ Feature maps (``model.mixer.feature_map``):
 input before the projections, as Based does (local token mixing the kernel cannot express);
 its taps count real tokens of the same document only, and decoding keeps the last ``K - 1``
 real inputs of each row. Linear attention applies no rotary angles and no score bias;
-``model.attention.scale`` and ``dropout`` (attention probabilities) do not apply to it.
+softmax's ``scale`` and ``dropout`` (attention probabilities) are not its options.
 
 Shape legend: B batch, T tokens, H query heads, Hkv key/value heads, g = H / Hkv query heads
 per key/value head, E projected query/key width per head (d_head or feature_dim), F features
@@ -202,9 +202,20 @@ class LinearState(State):
 
 # ------------------------------------------------------------------------------------ mixer
 
+@dataclass
+class LinearOptions:
+    """The ``linear`` mixer's options (``model.mixer.<option>``)."""
+
+    feature_map: str = "elu"  # elu (d_head features) | taylor (1 + D + D² features)
+    feature_dim: int = 16  # taylor: query/key projection width per head
+    short_conv: int = 0  # causal depthwise convolution taps on the input (0 = none)
+    chunk: int = 64  # tokens per chunk of the chunked parallel form (training, prefill)
+
+
 def key_width(m: ModelConfig) -> int:
     """E: the projected query/key width per head."""
-    return m.head_dim if m.mixer.feature_map == "elu" else m.mixer.feature_dim
+    o = m.mixer.read(LinearOptions)
+    return m.head_dim if o.feature_map == "elu" else o.feature_dim
 
 
 class LinearAttention(Mixer):
@@ -216,10 +227,11 @@ class LinearAttention(Mixer):
     pass plus the strictly anticausal one (the same chunked form, reversed)."""
 
     residual_outputs = ("out",)
+    options = LinearOptions
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
-        o = m.mixer
+        o = m.mixer.read(LinearOptions)
         self.phi = FEATURE_MAPS[o.feature_map]
         self.chunk, self.taps, self.d_model = o.chunk, o.short_conv, m.d_model
         self.n_heads, self.n_kv_heads, self.d_value = m.n_heads, m.kv_heads, m.head_dim
@@ -294,7 +306,8 @@ class LinearAttention(Mixer):
         h, hkv, e, v, d = m.n_heads, m.kv_heads, key_width(m), m.head_dim, m.d_model
         width = (h + hkv) * e + hkv * v
         bias = width + d if m.attention.bias else 0
-        conv = d * m.mixer.short_conv + d if m.mixer.short_conv else 0
+        taps = m.mixer.read(LinearOptions).short_conv
+        conv = d * taps + d if taps else 0
         return d * width + h * v * d + bias + conv
 
     @classmethod
@@ -306,7 +319,7 @@ class LinearAttention(Mixer):
         ``O(L · (E + V))`` per token and head for the dense part within a chunk (the
         kernel of the pairs)."""
         h, hkv, v = m.n_heads, m.kv_heads, m.head_dim
-        f = feature_width(m.mixer.feature_map, key_width(m))
+        f = feature_width(m.mixer.read(LinearOptions).feature_map, key_width(m))
         return (2.0 * cls.param_count(m, layer, causal=causal) + (h + hkv) * f
                 + 2 * (hkv + h) * f * (v + 1) + h * v)
 
@@ -315,14 +328,15 @@ class LinearAttention(Mixer):
                     bytes_per_value: int) -> int:
         """``S`` and ``z`` in fp32, ``B · Hkv · F · (V + 1) · 4``, plus the convolution's tail
         ``B · (K - 1) · d · bytes``: constant in the context length."""
-        f = feature_width(m.mixer.feature_map, key_width(m))
-        taps = max(m.mixer.short_conv - 1, 0)
+        o = m.mixer.read(LinearOptions)
+        f = feature_width(o.feature_map, key_width(m))
+        taps = max(o.short_conv - 1, 0)
         return batch * (m.kv_heads * f * (m.head_dim + 1) * 4
                         + taps * m.d_model * bytes_per_value)
 
     @classmethod
     def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
-        o = m.mixer
+        o = m.mixer.read(LinearOptions)
         require(o.feature_map in FEATURE_MAPS, f"{key}.feature_map", o.feature_map,
                 f"one of {', '.join(FEATURE_MAPS)}")
         if o.feature_map == "taylor":

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from blocklab.config import AttentionConfig
+    from blocklab.model.softmax_options import SoftmaxOptions
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,8 @@ def causal_allowed(q_len: int, k_len: int, device: torch.device | None = None) -
     return k_idx <= q_idx
 
 
-def layer_window(attention: AttentionConfig, layer: int) -> int | None:
-    """The window of 0-based ``layer`` of a stack under ``model.attention`` (window,
+def layer_window(attention: SoftmaxOptions, layer: int) -> int | None:
+    """The window of 0-based ``layer`` of a stack under the softmax options (window,
     global_every, layers): None (global) without a window; with an explicit ``layers``
     pattern, its entry (repeated over the layers: Qwen2's "first k layers full"); else None for
     layers ``n, 2n, ...`` (1-based) when ``global_every = n`` >= 2 and ``window`` otherwise

@@ -17,7 +17,11 @@ the row alone; documents never mix) is each mixer's own obligation — the varia
 The contract (:class:`Mixer`):
 
 - ``Mixer(m: ModelConfig, layer: int, *, causal: bool)`` builds layer ``layer`` of a causal
-  or bidirectional stack (``m.mixer`` / ``m.attention`` hold its options);
+  or bidirectional stack; it reads its options with ``m.mixer.read(Options)`` and the shared
+  head layout (MHA / GQA / MQA, ``n_kv_heads``, ``bias``) from ``m.attention``;
+- ``options``: the mixer's options dataclass, defined beside it (``SoftmaxOptions`` in
+  attention.py, ``LinearOptions``, ``ConvOptions``, ``SSMOptions``); None for a plugin mixer
+  that reads the free-form ``model.mixer.options`` dict instead;
 - ``forward(x, seq, state) -> y``: (B, T, d) -> (B, T, d); ``state`` is this layer's decode
   state (None without a cache);
 - ``new_state(batch, capacity, *, dtype, device, static) -> State | None``: the decode state of
@@ -27,14 +31,35 @@ The contract (:class:`Mixer`):
   ``param_count(m, layer, *, causal)``, ``flops_per_token(m, layer, *, seq_len, causal)``
   (forward FLOPs per token of the whole mixer at a context of ``seq_len``),
   ``state_bytes(m, layer, *, batch, seq_len, bytes_per_value)`` (its decode state after
-  ``seq_len`` tokens) and ``check(m, layer, *, causal, key)`` (its own config rules; raise a
-  one-line ConfigError);
+  ``seq_len`` tokens), ``check(m, layer, *, causal, key)`` (its own config rules for one
+  layer; raise a one-line ConfigError) and, optionally, ``check_options(opts, key)`` (rules
+  on its option values alone, asked once whenever its options are in use);
+- ``cross_options``: the options cross-attention reads from this mixer's (softmax: ``scale``
+  and ``dropout`` -- cross-attention is softmax attention), in use whenever a stack has
+  cross-attention;
 - attributes ``bidirectional`` (it has a form for encoder stacks), ``uses_score_bias`` (it
   applies the position scheme's score bias: ALiBi, T5) and ``uses_rotary`` (it rotates by the
   rotary scheme's angles); a position scheme no layer uses is refused by the validator;
   ``residual_outputs`` (the names of its submodules whose weights write into the residual
   stream — its output projections — whose init the model scales by 1/sqrt(2·layers); nothing
   is guessed from parameter names, and a mixer that declares none gets plain init, warned).
+
+**Options.** Each mixer owns its options (config/mixer_options.py). On the command line they
+stay flat, ``model.mixer.<option>`` (``model.mixer.window=64``, ``model.mixer.d_state=8``), as
+in users' command lines and recorded overrides. ``model.mixer`` is therefore an open node of
+the Hydra schema (a :class:`~blocklab.config.MixerConfig`, a dict, in Python:
+``MixerConfig(name="ssm", d_state=8)``), and each ``configs/model/mixer/<name>.yaml`` lists
+its own options with their defaults, so ``--cfg job`` shows exactly the options of the chosen
+mixer. An option the chosen file does not list (another mixer's, or one of a second mixer of a
+hybrid ``pattern`` / ``encoder``) needs ``+model.mixer.<option>=``; without the ``+`` the
+one-line compose error names the mixer that owns it (or the closest key). Validation then
+reads every key into the options dataclass of each mixer in use (one value for a name two of
+them declare: ``chunk``), refuses any other key naming its owner or the closest key, types the
+values and fills in the defaults. Why not one typed dataclass per mixer nested under
+``model.mixer.<name>``: the flat keys are in users' command lines and in the overrides recorded by
+earlier runs, and a per-mixer node would make hybrids repeat a shared option. Why not the union of
+every mixer's options (the old schema): an option of another mixer was silently accepted and
+ignored, and a plugin could not add flat options.
 
 A :class:`State` holds tensors whose dim 0 is the batch: ``select(rows)`` (shared-prefix
 scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generically. What a
@@ -201,6 +226,10 @@ class Mixer(nn.Module):
     #: its submodules whose weights write into the residual stream (output projections): their
     #: init is scaled by 1/sqrt(2·layers). None = not declared (plain init, with a warning)
     residual_outputs: tuple[str, ...] | None = None
+    #: the options dataclass (``model.mixer.<option>``); None: reads ``model.mixer.options``
+    options: type | None = None
+    #: the options cross-attention reads from this mixer's (softmax's scale and dropout)
+    cross_options: tuple[str, ...] = ()
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__()

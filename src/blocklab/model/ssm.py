@@ -25,6 +25,7 @@ nc chunks of L tokens.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,9 +42,23 @@ from blocklab.model.mixer import Mixer, Sequence, State
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
 
 
+@dataclass
+class SSMOptions:
+    """The ``ssm`` mixer's options (``model.mixer.<option>``)."""
+
+    d_state: int = 16  # state size per channel
+    expand: int = 2  # d_inner = expand * d_model
+    d_conv: int = 4  # causal depthwise convolution taps
+    dt_rank: int | None = None  # null = ceil(d_model / 16)
+    # the training scan: sequential (a step per token, hand-written backward) | chunked
+    # (chunk + T / chunk steps) | auto (sequential on CPU, chunked on accelerators)
+    scan: str = "auto"
+    chunk: int = 32  # tokens per chunk of the chunked scan
+
+
 def ssm_dims(m: ModelConfig) -> tuple[int, int, int, int]:
     """(E, N, R, K): d_inner, d_state, dt_rank (null = ceil(d_model / 16)), d_conv."""
-    o = m.mixer
+    o = m.mixer.read(SSMOptions)
     rank = math.ceil(m.d_model / 16) if o.dt_rank is None else o.dt_rank
     return o.expand * m.d_model, o.d_state, rank, o.d_conv
 
@@ -201,12 +216,14 @@ class SelectiveSSM(Mixer):
 
     bidirectional = False
     residual_outputs = ("out",)
+    options = SSMOptions
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
         e, n, r, k = ssm_dims(m)
         self.d_inner, self.d_state, self.dt_rank, self.d_conv = e, n, r, k
-        self.chunk, self.scan = m.mixer.chunk, m.mixer.scan
+        opts = m.mixer.read(SSMOptions)
+        self.chunk, self.scan = opts.chunk, opts.scan
         self.in_proj = nn.Linear(m.d_model, 2 * e, bias=False)
         self.conv = nn.Conv1d(e, e, k, groups=e)  # weight (E, 1, K): applied tap by tap
         self.x_proj = nn.Linear(e, r + 2 * n, bias=False)
@@ -307,7 +324,7 @@ class SelectiveSSM(Mixer):
 
     @classmethod
     def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
-        o = m.mixer
+        o = m.mixer.read(SSMOptions)
         for name in ("d_state", "expand", "d_conv", "chunk"):
             value = getattr(o, name)
             require(isinstance(value, int) and value >= 1, f"{key}.{name}", value,

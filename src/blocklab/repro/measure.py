@@ -67,18 +67,20 @@ class Trained:
 
 def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()) -> Trained:
     """The newest checkpoint's model with its vocabulary and data seed.
-    ``model_overrides`` (``key=value`` into the model config, e.g. ``attention.window=16``)
+    ``model_overrides`` (``key=value`` into the model config, e.g. ``mixer.window=16``)
     rebuild the model with the trained weights under a changed, parameter-free setting."""
     import yaml
     from omegaconf import OmegaConf
 
     from blocklab.checkpoint import load_model
+    from blocklab.config.compose import model_to_dict
     from blocklab.eval.evaluate import stored_train_config
     from blocklab.model import build_model
 
     model, _, meta = load_model(run_dir)
+    tc = stored_train_config(meta)  # read (and migrated) as the stored config it is
     if model_overrides:
-        cfg = OmegaConf.create(meta["config"]["model"])
+        cfg = OmegaConf.create(model_to_dict(tc.model))
         for item in model_overrides:
             key, _, value = item.partition("=")
             OmegaConf.update(cfg, key, yaml.safe_load(value) if value else None)  # "16" -> 16
@@ -87,7 +89,6 @@ def load(run_dir: str | Path, model_overrides: tuple[str, ...] = ()) -> Trained:
         model = changed.eval()
     if not getattr(model, "decoder", None) or getattr(model, "encoder", None):
         raise ValueError(f"{run_dir}: the reference experiments measure decoder-only models")
-    tc = stored_train_config(meta)
     return Trained(model, vocab_of(tc.data), tc.data.seed, tc)
 
 

@@ -25,7 +25,7 @@ SIZES = ("quick", "full")
 class Arm:
     """One measured configuration: a display name, its ``blocklab-train`` overrides, and
     ``eval_model``: ``key=value`` overrides of the *model* config applied to the trained weights
-    when measuring (e.g. ``attention.window=16``: the same weights under a local window). Runs
+    when measuring (e.g. ``mixer.window=16``: the same weights under a local window). Runs
     are keyed by ``overrides`` alone, so arms that differ only in ``eval_model`` share them."""
 
     name: str

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blocklab.config.migrate import legacy_override
 from blocklab.files import storage_error, write_text_atomic
 from blocklab.repro import checks as ck
 from blocklab.repro.measure import Scalar, Tally
@@ -48,7 +49,11 @@ class Outcome:
 
 
 def run_key(arm: Arm, seed: int) -> str:
-    return hashlib.sha256(json.dumps([list(arm.overrides), seed]).encode()).hexdigest()[:12]
+    """The finished run of ``arm`` at ``seed`` kept under this key. Overrides are hashed in
+    the spelling earlier versions recorded (``model.mixer.window`` as ``model.attention.window``,
+    config/migrate.py), so the runs they trained are still found."""
+    spelled = [legacy_override(o) for o in arm.overrides]
+    return hashlib.sha256(json.dumps([spelled, seed]).encode()).hexdigest()[:12]
 
 
 def _finished(run_dir: Path) -> bool:

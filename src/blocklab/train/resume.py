@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError
+from blocklab.config.migrate import migrate_override
 from blocklab.config.stored import refuse_instructions
 from blocklab.provenance import config_diff, is_bookkeeping
 from blocklab.runlock import run_lock, writable_dir
@@ -107,7 +108,12 @@ def stored_overrides(meta: dict[str, Any], where: str) -> list[str]:
         if "_target_" in o or _key(o)[0].startswith(("hydra.", "hydra/")):
             raise ckpt.CheckpointError(f"{where}: overrides[{i}]={o!r}: an instantiation or a "
                                        "Hydra setting in a stored override (refused: edited?)")
-    return [o for o in orig if _key(o)[0] not in NOT_COMPOSED]
+    moved = [migrate_override(o) for o in orig]
+    changed = [f"{o} -> {n}" for o, n in zip(orig, moved, strict=True) if o != n]
+    if changed:
+        print(f"note: {where}: overrides recorded by an earlier blocklab, migrated on read: "
+              f"{'; '.join(changed)}", file=sys.stderr)
+    return [o for o in moved if _key(o)[0] not in NOT_COMPOSED]
 
 
 def merge_overrides(orig: list[str], new: list[str]) -> list[str]:

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_train
+from blocklab.config.migrate import legacy_config, legacy_layout
 from blocklab.eval.rundata import listing, record, sources_changed
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 from blocklab.runlock import run_lock, writable_dir
@@ -169,12 +170,14 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
     meta = {
         "format_version": ckpt.FORMAT_VERSION, "config": plain,
         "config_yaml": OmegaConf.to_yaml(OmegaConf.create(plain)), "overrides": overrides or [],
-        "arch_hash": arch_hash(model_to_dict(tc.model)), "tokenizer": streams.tokenizer,
+        # hashed in the layout earlier versions hashed: an unchanged model keeps its hashes
+        "arch_hash": arch_hash(legacy_layout(model_to_dict(tc.model))),
+        "tokenizer": streams.tokenizer,
         "tokenizer_hash": tok_hash, "data_fingerprint": streams.fingerprint,
         "specials": streams.specials.to_dict(),
         "versions": versions(), "git": git_info(), "run_dir": str(run_dir),
         "created": dt.datetime.now().isoformat(timespec="seconds"),
-        "params": count_params(tc.model), "config_hash": config_hash(plain),
+        "params": count_params(tc.model), "config_hash": config_hash(legacy_config(plain)),
         # where the run's relative paths are read from (a resume elsewhere keeps the first)
         "cwd": (old or {}).get("cwd") or os.getcwd(),
     }

@@ -88,7 +88,7 @@ def mixers(length: int, size: str) -> tuple[Mixer, ...]:
     attention = Mixer("attention", "attention", softmax)
 
     def window(w: int) -> Mixer:
-        return Mixer(f"window {w}", "sliding window", (*softmax, f"model.attention.window={w}"))
+        return Mixer(f"window {w}", "sliding window", (*softmax, f"model.mixer.window={w}"))
 
     if size == "quick":  # the CI subset: attention against two trained windows
         return (attention, window(4), window(16))

@@ -26,7 +26,7 @@ def _rf_protocol(size: str) -> Protocol:
     # only, no expectation) trains with the window.
     global_ = replace(mqar_arm(RF_LAYERS, 64, RF_PAIRS, size), name="global")
     global_ = replace(global_, overrides=MQAR_BASE + global_.overrides)
-    window = f"attention.window={RF_WINDOW}"
+    window = f"mixer.window={RF_WINDOW}"
     local = replace(global_, name="local", eval_model=(window,))
     arms = [local, global_]
     if size == "full":
@@ -70,7 +70,7 @@ def make(size_for_measure: str) -> Experiment:
                    "model retrieves as well as a global one."),
         protocol=(f"The mqar experiment's 2-layer rotary decoder (MQAR with "
                   f"{RF_PAIRS} pairs, 64 tokens) measured as trained ('global') and with "
-                  f"model.attention.window={RF_WINDOW} on every layer ('local', the same "
+                  f"model.mixer.window={RF_WINDOW} on every layer ('local', the same "
                   f"weights; receptive field {RF_FIELD}), on held-out 'BOS k1 v1 ... "
                   f"k{RF_PAIRS} v{RF_PAIRS} filler x gap SEP k{RF_PAIRS} -> v{RF_PAIRS}' "
                   f"sequences: near = the answer within one window of its value (distance "
