@@ -108,6 +108,21 @@ def test_no_source_file_outside_a_kinds_module_names_the_kind(path):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.parametrize("kind", builtin_names("probe"))
+def test_a_builtin_kind_module_offers_its_class_only(kind):
+    """Like a plugin kind, a built-in kind is its class: cells, items, summary and figures are
+    its methods (no public free function, so one import path per name), and it reads its
+    settings through ``cls.settings(spec)``, never as ``spec.<kind>``."""
+    tree = ast.parse((SRC / "eval" / "kinds" / f"{kind}.py").read_text())
+    public = [n.name for n in tree.body
+              if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+    assert not public, f"eval/kinds/{kind}.py: free functions {public}"
+    by_name = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+               and isinstance(n.value, ast.Name) and n.value.id == "spec"
+               and n.attr in builtin_names("probe")]
+    assert not by_name, f"eval/kinds/{kind}.py reads spec.<kind> at lines {by_name}"
+
+
 def test_the_check_finds_a_kind_named_where_it_should_not_be(tmp_path):
     """The negative control: a driver that names kinds the old way is caught, each form."""
     f = tmp_path / "driver.py"

@@ -5,7 +5,7 @@ that names no user kind hashes and reports exactly as before."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -14,7 +14,7 @@ from blocklab.config import validate_probe_spec as validate
 from blocklab.config.checks import require
 from blocklab.eval.items import NotApplicable, spec_hash
 from blocklab.progress import quiet
-from blocklab.registry import builtin_names, names
+from blocklab.registry import builtin_names, names, table
 
 
 def test_blocklabs_kinds_in_report_order_then_registered_ones():
@@ -67,6 +67,24 @@ def test_a_user_kinds_rules_are_its_own(monkeypatch):
     with pytest.raises(ConfigError, match=r"^config error: checkpoint_probes\.kinds\.odd\.sizes="
                                           r"\[2\]: odd sizes only$"):
         validate(ProbeSpec(kinds={"odd": {"sizes": [2]}}), "checkpoint_probes")
+
+
+@pytest.mark.parametrize("name", builtin_names("probe"))
+def test_a_builtin_kind_copied_under_another_name_is_a_plugin_kind(name):
+    """blocklab's kinds use only the interface a plugin kind has: the same class under another
+    name reads its settings from ``probes.kinds.<that name>`` (``cls.settings``, never
+    ``spec.<kind>``) and labels its cells with that name, in both spaces' entry points."""
+    from blocklab.data.synthetic import Vocab
+    from blocklab.eval.items import TokenBuilder
+
+    kind = table("probe")[name]
+    copy = type("Copy", (kind,), {"name": f"copy_of_{name}"})
+    spec = ProbeSpec(kinds={copy.name: replace(kind.settings(ProbeSpec()), n=2)})
+    assert kind.settings(spec).n != 2  # the built-in's own key keeps its settings
+    cells = copy.cells(TokenBuilder(Vocab(), 1234), spec, 64, None)
+    assert cells and {c.key["probe"] for c in cells} == {copy.name}
+    assert {len(c.items) for c in cells if c.na is None} == {2}
+    assert all(it.cell["probe"] == copy.name for c in cells for it in c.items)
 
 
 def test_not_applicable_is_a_value_not_a_string_prefix():

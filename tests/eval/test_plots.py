@@ -13,12 +13,24 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from blocklab.eval.aggregate import wilson_interval
-from blocklab.eval.kinds.litm import plot_litm
-from blocklab.eval.kinds.needle import plot_niah
+from blocklab.eval.kinds.litm import Litm
+from blocklab.eval.kinds.needle import Needle
 from blocklab.eval.plots import plot_perplexity
+from blocklab.plotting import save_png
 from inprocess import SAFETY_S
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def niah_png(cells: list[dict], path: Path, *, train_length: int | None,
+              title: str = "") -> Path:
+    """The needle kind's figure, saved as the report saves it."""
+    return save_png(Needle.figures(cells, train_length=train_length, title=title)["niah"], path)
+
+
+def litm_png(cells: list[dict], path: Path, *, title: str = "") -> Path:
+    """The lost-in-the-middle kind's figure, saved as the report saves it."""
+    return save_png(Litm.figures(cells, train_length=None, title=title)["litm"], path)
 
 
 def _acc_cell(probe: str, variant: str, acc: float | None, n: int = 64, **extra) -> dict:
@@ -78,42 +90,42 @@ def _assert_png(path: Path, min_bytes: int = 5_000) -> None:
 
 def test_plot_niah_writes_png(tmp_path):
     cells = _needle_cells() + _litm_cells()  # other probes are ignored
-    out = plot_niah(cells, tmp_path / "sub" / "niah.png", train_length=1024, title="NIAH test")
+    out = niah_png(cells, tmp_path / "sub" / "niah.png", train_length=1024, title="NIAH test")
     assert out == tmp_path / "sub" / "niah.png"
     _assert_png(out)
 
 
 @pytest.mark.parametrize("train_length", [None, 768, 8192])
 def test_plot_niah_train_length_between_outside_or_absent(tmp_path, train_length):
-    _assert_png(plot_niah(_needle_cells(), tmp_path / "n.png", train_length=train_length))
+    _assert_png(niah_png(_needle_cells(), tmp_path / "n.png", train_length=train_length))
 
 
 def test_plot_niah_degenerate_inputs(tmp_path):
     single = _needle_cells(lengths=(1024,), depths=(0.5,), variants=("x",), na_length=None)
-    _assert_png(plot_niah(single, tmp_path / "single.png", train_length=1024), 2_000)
+    _assert_png(niah_png(single, tmp_path / "single.png", train_length=1024), 2_000)
     all_na = _needle_cells(lengths=(4096,), na_length=4096)
-    _assert_png(plot_niah(all_na, tmp_path / "na.png", train_length=1024), 2_000)
+    _assert_png(niah_png(all_na, tmp_path / "na.png", train_length=1024), 2_000)
     # Missing variant / depth keys, CSV-style strings, a hole in the grid.
     csvish = [{"probe": "needle", "length": "512", "depth": "0.25", "accuracy": "0.5",
                "status": "ok"},
               {"probe": "needle", "length": "1024", "depth": "", "accuracy": "", "status": ""},
               {"probe": "needle", "variant": None, "length": 2048, "depth": 0.75,
                "accuracy": 0.1}]
-    _assert_png(plot_niah(csvish, tmp_path / "csv.png", train_length=None), 2_000)
+    _assert_png(niah_png(csvish, tmp_path / "csv.png", train_length=None), 2_000)
 
 
 def test_plot_litm_writes_png(tmp_path):
-    out = plot_litm(_litm_cells() + _needle_cells(), tmp_path / "litm.png", title="LITM test")
+    out = litm_png(_litm_cells() + _needle_cells(), tmp_path / "litm.png", title="LITM test")
     _assert_png(out)
 
 
 def test_plot_litm_degenerate_inputs(tmp_path):
     only_refs = [c for c in _litm_cells() if c["variant"] in ("oracle", "closed_book")]
-    _assert_png(plot_litm(only_refs, tmp_path / "refs.png"), 2_000)
+    _assert_png(litm_png(only_refs, tmp_path / "refs.png"), 2_000)
     one_m = [c for c in _litm_cells() if c.get("n_records") == 8 and c["variant"] == "kv_records"]
-    _assert_png(plot_litm(one_m, tmp_path / "one.png"), 2_000)
+    _assert_png(litm_png(one_m, tmp_path / "one.png"), 2_000)
     all_na = [{**c, "accuracy": None, "status": "n/a: too long"} for c in _litm_cells()]
-    _assert_png(plot_litm(all_na, tmp_path / "na.png"), 2_000)
+    _assert_png(litm_png(all_na, tmp_path / "na.png"), 2_000)
 
 
 def test_plot_perplexity_writes_png(tmp_path):
@@ -132,8 +144,8 @@ def test_plot_perplexity_degenerate_inputs(tmp_path):
 
 @pytest.mark.parametrize(
     "call",
-    [lambda cs, p: plot_niah(cs, p, train_length=1024),
-     lambda cs, p: plot_litm(cs, p),
+    [lambda cs, p: niah_png(cs, p, train_length=1024),
+     lambda cs, p: litm_png(cs, p),
      lambda cs, p: plot_perplexity(cs, p, train_length=1024)],
     ids=["niah", "litm", "perplexity"],
 )
@@ -147,9 +159,9 @@ def test_empty_input_raises(tmp_path, call):
 
 def test_wrong_probe_only_raises(tmp_path):
     with pytest.raises(ValueError, match="needle"):
-        plot_niah(_ppl_cells(), tmp_path / "x.png", train_length=None)
+        niah_png(_ppl_cells(), tmp_path / "x.png", train_length=None)
     with pytest.raises(ValueError, match="litm"):
-        plot_litm(_needle_cells(), tmp_path / "x.png")
+        litm_png(_needle_cells(), tmp_path / "x.png")
     with pytest.raises(ValueError, match="perplexity"):
         plot_perplexity(_litm_cells(), tmp_path / "x.png", train_length=None)
 
@@ -160,11 +172,12 @@ def test_no_pyplot_import(tmp_path):
     out = tmp_path / "fresh.png"
     code = textwrap.dedent(f"""
         import sys
-        import blocklab.eval.kinds.needle as plots
+        from blocklab.eval.kinds.needle import Needle
+        from blocklab.plotting import save_png
         assert "matplotlib" not in sys.modules, "matplotlib imported at module import"
         cells = [{{"probe": "needle", "variant": "v", "length": L, "depth": d, "accuracy": 0.5}}
                  for L in (256, 512) for d in (0.0, 1.0)]
-        plots.plot_niah(cells, {str(out)!r}, train_length=256)
+        save_png(Needle.figures(cells, train_length=256, title="")["niah"], {str(out)!r})
         assert "matplotlib" in sys.modules
         assert "matplotlib.pyplot" not in sys.modules, "pyplot was imported"
     """)
@@ -279,14 +292,15 @@ def _check_hops(fig, cells: list[dict]) -> None:
 
 def _figures():
     from blocklab.eval.kinds.hops import Hops
-    from blocklab.eval.kinds.litm import litm_figure
-    from blocklab.eval.kinds.needle import niah_figure
     from blocklab.eval.plots import perplexity_figure
 
     return {
-        "niah": (_needle_cells, lambda cs: niah_figure(cs, train_length=1024, title="NIAH test"),
+        "niah": (_needle_cells,
+                 lambda cs: Needle.figures(cs, train_length=1024, title="NIAH test")["niah"],
                  _check_niah),
-        "litm": (_litm_cells, lambda cs: litm_figure(cs, title="LITM test"), _check_litm),
+        "litm": (_litm_cells,
+                 lambda cs: Litm.figures(cs, train_length=None, title="LITM test")["litm"],
+                 _check_litm),
         "perplexity": (_ppl_cells, lambda cs: perplexity_figure(cs, train_length=1024,
                                                                 title="PPL"), _check_perplexity),
         "hops": (_hops_cells, lambda cs: Hops.figures(cs, train_length=64, title="")["hops"],

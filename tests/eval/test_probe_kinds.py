@@ -197,13 +197,12 @@ def run(model, sp: ProbeSpec | None = None, out=None):
                     train_length=64, keys={"step": 0}, out_dir=out, plots=out is not None)
 
 
-def cells_of(builder_method: str, sp: ProbeSpec | None = None):
-    kind = PROBE_KINDS[builder_method.removesuffix("_cells")]
-    return kind.cells(TokenBuilder(VOCAB, 1234), sp or spec(), 64, None)
+def cells_of(kind: str, sp: ProbeSpec | None = None):
+    return PROBE_KINDS[kind].token_cells(sp or spec(), TokenBuilder(VOCAB, 1234), 64, None)
 
 
 def items_of(kind: str, sp: ProbeSpec | None = None):
-    return [it for c in cells_of(f"{kind}_cells", sp) for it in c.items]
+    return [it for c in cells_of(kind, sp) for it in c.items]
 
 
 # ---------------------------------------------------------------------------- baselines
@@ -259,13 +258,13 @@ def test_copying_a_candidate_scores_the_copy_line_and_random_values_chance(famil
 
 
 def test_chance_and_copy_lines_per_cell():
-    for c in cells_of("multi_needle_cells"):
+    for c in cells_of("multi_needle"):
         width = {"multikey": 1, "multivalue": 2, "multiquery": 2}[c.key["variant"]]
         assert c.chance == pytest.approx(VOCAB.n_values ** -width)
         assert c.copy_any_value == pytest.approx(1 / 3)
         assert all(len(it.candidates) == 3 and len(it.answer) == width for it in c.items)
-    assert all(c.copy_any_value == 0.5 and c.chance == 1 / 64 for c in cells_of("hops_cells"))
-    assert all(c.copy_any_value == pytest.approx(1 / 3) for c in cells_of("aggregation_cells"))
+    assert all(c.copy_any_value == 0.5 and c.chance == 1 / 64 for c in cells_of("hops"))
+    assert all(c.copy_any_value == pytest.approx(1 / 3) for c in cells_of("aggregation"))
 
 
 def test_partial_credit_and_text_matching_reference():
@@ -379,7 +378,7 @@ def test_gold_and_farthest_hop_depths_are_uniform_and_a_fixed_position_fails():
 def test_items_unique_ids_bos_once_answer_once_and_exact_length(kind):
     sp = spec(n=40)
     sp.multi_needle.lengths = sp.hops.lengths = sp.aggregation.lengths = [0.5, 1.0, 2.0]
-    for c in cells_of(f"{kind}_cells", sp):
+    for c in cells_of(kind, sp):
         assert c.na is None or c.key["length"] < 64, c.na
         for it in c.items:
             p = it.prompt

@@ -28,7 +28,7 @@ from blocklab.data import synthetic as syn
 from blocklab.eval.aggregate import wilson_interval
 from blocklab.eval.backends import BlocklabBackend
 from blocklab.eval.items import TokenBuilder
-from blocklab.eval.kinds.needle import needle_cells
+from blocklab.eval.kinds.needle import Needle
 from blocklab.eval.perplexity import perplexity_rows, window_plan
 from blocklab.eval.probes import run_spec
 from blocklab.model import build_model
@@ -149,7 +149,8 @@ def test_answers_cannot_be_guessed_closed_book_from_the_training_stream():
         ex = mix(i)
         table.setdefault(ex.tokens[-2], Counter())[ex.tokens[-1]] += 1
     spec = ProbeSpec(needle=NeedleProbeConfig(lengths=[1.0], n=256, depths=[0.5]))
-    items = [it for c in needle_cells(spec, VOCAB, 64, None) for it in c.items]
+    cells = Needle.token_cells(spec, TokenBuilder(VOCAB, 0), 64, None)
+    items = [it for c in cells for it in c.items]
     hits = sum(table.get(it.prompt[-1], Counter({-1: 1})).most_common(1)[0][0] == it.answer[0]
                for it in items)
     lo, hi = wilson_interval(hits, len(items))
@@ -175,7 +176,8 @@ def test_greedy_through_the_kv_cache_agrees_with_the_argmax_used_for_one_token_a
     model = build_model(ModelConfig(vocab_size=VOCAB.size, position=PositionConfig(name="rope"),
                                     init_std=0.2)).eval()
     backend = BlocklabBackend(model)
-    items = [it for c in needle_cells(small_spec(), VOCAB, 64, None) for it in c.items][:48]
+    cells = Needle.token_cells(small_spec(), TokenBuilder(VOCAB, 0), 64, None)
+    items = [it for c in cells for it in c.items][:48]
     logp, _ = backend.answer_logprobs([it.prompt for it in items], [it.answer for it in items])
     greedy = backend.greedy([it.prompt for it in items], 1)
     assert [g[0] for g in greedy] == logp[:, 0].argmax(-1).tolist()

@@ -225,17 +225,19 @@ def test_a_text_run_without_probes_gets_the_text_grid():
 
 def test_litm_records_sized_by_length_fill_it(tok):
     from blocklab.data import synthetic as syn
-    from blocklab.eval.kinds.litm import litm_cells, text_litm_cells
+    from blocklab.eval.items import TokenBuilder
+    from blocklab.eval.kinds.litm import Litm
 
     spec = ProbeSpec()
     spec.litm = dataclasses.replace(spec.litm, n_records=[], lengths=[0.5, 1.0], n=4)
     vocab = syn.Vocab(n_keys=64, n_values=64)
-    cells = [c for c in litm_cells(spec, vocab, None, 128) if c.key["variant"] == "query_aware"]
+    cells = [c for c in Litm.token_cells(spec, TokenBuilder(vocab, 0), 128, None)
+             if c.key["variant"] == "query_aware"]
     assert {c.key["n_records"] for c in cells} == {(64 - 6) // 3, (128 - 6) // 3}
     assert all(c.key["length"] <= 128 for c in cells)
     tspec = dataclasses.replace(spec, space="text")
     b = TextBuilder(tok, tspec)
-    cells = text_litm_cells(b, tspec, None, 256)
+    cells = Litm.text_cells(tspec, b, 256, None)
     by_m = {}
     for c in cells:
         if c.key["variant"] in ("kv_records", "query_aware"):
@@ -245,7 +247,7 @@ def test_litm_records_sized_by_length_fill_it(tok):
     assert max(by_m[m_full]) <= 256 + 8  # fits its length but for a token or two of an item
     spec1 = dataclasses.replace(tspec, litm=dataclasses.replace(tspec.litm, lengths=[],
                                                                 n_records=[m_full + 1]))
-    more = text_litm_cells(TextBuilder(tok, spec1), spec1, None, 256)
+    more = Litm.text_cells(spec1, TextBuilder(tok, spec1), 256, None)
     assert max(c.key["length"] for c in more if c.key["variant"] == "query_aware") > 256
 
 
@@ -290,7 +292,7 @@ def test_cells_beyond_the_training_length_are_flagged_and_na_cells_explained(tmp
 def test_an_imported_model_is_probed_at_its_own_context():
     from blocklab.config import TrainConfig
     from blocklab.eval.evaluate import train_length
-    from blocklab.eval.kinds.needle import niah_figure
+    from blocklab.eval.kinds.needle import Needle
 
     tc = TrainConfig()
     tc.model.max_seq_len = 8192
@@ -298,7 +300,7 @@ def test_an_imported_model_is_probed_at_its_own_context():
     assert train_length({}, tc) == (tc.data.seq_len, tc.data.seq_len)
     cells = [{"probe": "needle", "variant": "2 distractors", "length": n, "depth": 0.5,
               "accuracy": 0.5, "n": 4, "status": "ok"} for n in (256, 512, 1024)]
-    fig = niah_figure(cells, train_length=8192)
+    fig = Needle.figures(cells, train_length=8192, title="")["niah"]
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
     assert not any("train L" in x for x in labels)  # no column is the training length
     assert "train L=8,192 > all columns" in fig.axes[0].get_xlabel()

@@ -20,8 +20,8 @@ from blocklab.config import (
 from blocklab.data.synthetic import BOS
 from blocklab.data.tokenizer import train_bpe
 from blocklab.eval.backends import BlocklabBackend
-from blocklab.eval.kinds.litm import text_litm_cells
-from blocklab.eval.kinds.needle import text_needle_cells
+from blocklab.eval.kinds.litm import Litm
+from blocklab.eval.kinds.needle import Needle
 from blocklab.eval.probes import run_spec
 from blocklab.eval.textspace import ESSAY, TextBuilder, TextTokenizer
 from blocklab.model import build_model
@@ -43,7 +43,7 @@ def spec(**kw) -> ProbeSpec:
 
 def test_needle_items_are_built_in_text_and_tokenized_once(tok):
     s = spec()
-    cells = text_needle_cells(TextBuilder(tok, s), s, 128, None)
+    cells = Needle.text_cells(s, TextBuilder(tok, s), 128, None)
     assert all(c.na is None and len(c.items) == 6 for c in cells)
     for c in cells:
         for it in c.items:
@@ -68,13 +68,13 @@ def test_needle_items_are_built_in_text_and_tokenized_once(tok):
 def test_a_length_too_short_for_needles_and_question_is_not_applicable(tok):
     s = spec()
     s.needle.lengths = [0.1]
-    cells = text_needle_cells(TextBuilder(tok, s), s, 128, None)
+    cells = Needle.text_cells(s, TextBuilder(tok, s), 128, None)
     assert all(c.na is not None and c.na.startswith("n/a") and not c.items for c in cells)
 
 
 def test_litm_records_hold_the_answer_once_and_closed_book_never(tok):
     s = spec()
-    cells = text_litm_cells(TextBuilder(tok, s), s, None)
+    cells = Litm.text_cells(s, TextBuilder(tok, s), 0, None)
     variants = {c.key["variant"] for c in cells}
     assert variants == {"kv_records", "query_aware", "closed_book", "oracle"}
     for c in cells:
@@ -115,7 +115,7 @@ def test_scoring_from_a_shared_prefix_equals_one_pass_per_candidate(tok, positio
     s = spec()
     s.text.max_new_tokens = 5
     b = TextBuilder(tok, s)
-    items = [it for c in text_needle_cells(b, s, 128, None) + text_litm_cells(b, s, None)
+    items = [it for c in Needle.text_cells(s, b, 128, None) + Litm.text_cells(s, b, 0, None)
              for it in c.items][:24]
     assert any(len(it.answer) > 1 for it in items) and any(len(it.candidates) > 1 for it in items)
     shared = BlocklabBackend(model)

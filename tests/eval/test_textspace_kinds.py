@@ -28,9 +28,9 @@ from blocklab.data.synthetic import BOS
 from blocklab.data.tokenizer import train_bpe
 from blocklab.eval import textspace
 from blocklab.eval.aggregate import wilson_interval
-from blocklab.eval.kinds.aggregation import text_aggregation_cells
-from blocklab.eval.kinds.hops import text_hops_cells
-from blocklab.eval.kinds.multi_needle import text_multi_needle_cells
+from blocklab.eval.kinds.aggregation import Aggregation
+from blocklab.eval.kinds.hops import Hops
+from blocklab.eval.kinds.multi_needle import MultiNeedle
 from blocklab.eval.scoring import score_items
 from blocklab.eval.textspace import ESSAY, WORDS, TextBuilder, TextTokenizer
 
@@ -64,11 +64,11 @@ def spec(n: int = 6, lengths=(3.0,), seed: int = 9999, **kw) -> ProbeSpec:
 
 def cells_of(builder: TextBuilder, s: ProbeSpec, kind: str, max_length=None):
     if kind == "hops":
-        return text_hops_cells(builder, s, TRAIN, max_length)
+        return Hops.text_cells(s, builder, TRAIN, max_length)
     if kind == "aggregation":
-        return text_aggregation_cells(builder, s, TRAIN, max_length)
+        return Aggregation.text_cells(s, builder, TRAIN, max_length)
     s.multi_needle.variants = [kind]
-    return text_multi_needle_cells(builder, s, TRAIN, max_length)
+    return MultiNeedle.text_cells(s, builder, TRAIN, max_length)
 
 
 def build(tok, kind: str, **kw):
@@ -294,7 +294,7 @@ def test_gold_and_farthest_hop_depths_are_uniform_and_a_fixed_draw_is_caught(tok
         s = spec(n=n, lengths=(4.0,))
         b = TextBuilder(tok, s)
         gold = [it.meta["actual_depth"] for it in cells_of(b, s, "multikey")[0].items]
-        far = [it.meta["farthest_depth"] for it in text_hops_cells(b, s, TRAIN, None)[0].items]
+        far = [it.meta["farthest_depth"] for it in Hops.text_cells(s, b, TRAIN, None)[0].items]
         return gold, far
 
     gold, far = depths()

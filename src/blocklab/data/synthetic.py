@@ -10,7 +10,8 @@ example has random key–value pairings, so the closed-book baseline is chance a
 to answer is in-context retrieval.
 
 The multi-key / multi-value / multi-query needles are probes only (not a mixture task): their
-generator lives with their probe kind (``blocklab.eval.kinds.multi_needle``).
+generator is their probe kind's (``MultiNeedle.token_example`` in
+``blocklab.eval.kinds.multi_needle``).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ A user adds a kind like any component (docs/extending.md, "Probe kinds")::
         ...
 
 and sets it under ``probes.kinds.first_token`` (``enabled: true`` and its own keys).
+blocklab's own kinds are written the same way (every job a method of the class, settings read
+through ``cls.settings(spec)``), so each of their modules is an example to copy.
 """
 
 from __future__ import annotations
