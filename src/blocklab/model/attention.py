@@ -204,6 +204,22 @@ class SoftmaxAttention(Mixer):
         return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
 
     @classmethod
+    def describe(cls, m: ModelConfig, layer: int) -> str:
+        w = masks.layer_window(softmax_options(m), layer)
+        return "(global)" if w is None else f"(local, window {w})"
+
+    @classmethod
+    def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:
+        opts = softmax_options(m)
+        if opts.window is None:
+            return []
+        g, kinds = opts.global_every, opts.layers
+        pattern = "every softmax layer local" if not g else f"layers {g}, {2 * g}, ... global"
+        if kinds:  # an explicit pattern, repeated over the layers
+            pattern = f"per layer: {', '.join(kinds)}"
+        return [("attention window", f"{opts.window} tokens ({pattern})")]
+
+    @classmethod
     def check_options(cls, opts: SoftmaxOptions, key: str) -> None:
         """The values of softmax's options, whenever they are in use (cross-attention too)."""
         check_values(opts, key)

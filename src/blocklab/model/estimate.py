@@ -226,13 +226,9 @@ def _mixer_summary(m: ModelConfig, e: Estimate) -> str:
         kinds: dict[str, int] = {}
         for c in e.layers:
             if c.stack == s:
-                label = c.mixer
-                if c.mixer == "softmax":
-                    from blocklab.model.masks import layer_window
-                    from blocklab.model.softmax_options import softmax_options
-
-                    w = layer_window(softmax_options(m), c.layer)
-                    label += " (global)" if w is None else f" (local, window {w})"
+                describe = getattr(lookup("mixer", c.mixer), "describe", None)  # the mixer says
+                detail = describe(m, c.layer) if describe else ""
+                label = f"{c.mixer} {detail}" if detail else c.mixer
                 kinds[label] = kinds.get(label, 0) + 1
         parts.append(", ".join(f"{n} x {k}" for k, n in kinds.items()))
     return " | ".join(parts)
@@ -255,15 +251,9 @@ def table(m: ModelConfig, e: Estimate, *, batch: int, seq_len: int, bytes_per_va
         (f"decode state (B={batch}, T={seq_len}, {bytes_per_value} B/value)",
          f"{e.state_bytes:,} B ({e.state_bytes / gib:.3f} GiB)"),
     ]
-    from blocklab.model.softmax_options import softmax_options
-
-    opts = softmax_options(m)
-    if opts.window is not None:
-        g, kinds = opts.global_every, opts.layers
-        pattern = "every softmax layer local" if not g else f"layers {g}, {2 * g}, ... global"
-        if kinds:  # an explicit pattern, repeated over the layers
-            pattern = f"per layer: {', '.join(kinds)}"
-        rows.insert(3, ("attention window", f"{opts.window} tokens ({pattern})"))
+    for name in dict.fromkeys(c.mixer for c in e.layers):  # each mixer in use, in order
+        for row in getattr(lookup("mixer", name), "summary_rows", lambda _: [])(m):
+            rows.insert(3, row)
     per_layer = [c for c in e.layers if c.state_bytes or c.flops_per_token]
     distinct = {(c.mixer, c.state_bytes, c.flops_per_token) for c in per_layer}
     if len(distinct) > 1:  # layers differ: show each

@@ -273,6 +273,18 @@ class Mixer(nn.Module):
     def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
         """The mixer's own config rules for layer ``layer`` (raise a one-line ConfigError)."""
 
+    @classmethod
+    def describe(cls, m: ModelConfig, layer: int) -> str:
+        """What the estimator adds to the mixer's name for layer ``layer`` (softmax: ``(local,
+        window 16)``); empty by default."""
+        return ""
+
+    @classmethod
+    def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:
+        """Rows the estimator's table shows for this mixer's options (softmax: its window);
+        none by default."""
+        return []
+
 
 def mixer_class(m: ModelConfig, layer: int, causal: bool = True) -> type[Mixer]:
     """The mixer component of 0-based ``layer`` of a causal or bidirectional stack."""
