@@ -35,6 +35,10 @@ def test_another_mixers_option_exits_2_in_one_line(tmp_path, capfd, args):
     assert owner in lines[0]
 
 
+NOT_DEFAULT = {int: 7, float: 0.5, str: "other", bool: False, list: ["local"],
+               type(None): 5}
+
+
 def _cases():
     table = registry.table("mixer")
     for owner, cls in table.items():
@@ -48,11 +52,20 @@ def _cases():
 def test_every_option_is_refused_on_every_other_mixer(owner, option, other):
     """Over the registry: a future mixer's options are covered without a new test."""
     cfg = tiny("decoder", PositionConfig(name="none"), mixer=MixerConfig(name=other))
-    cfg.mixer[option] = getattr(registry.lookup("mixer", owner).options(), option)
+    cfg.mixer[option] = NOT_DEFAULT[type(getattr(registry.lookup("mixer", owner).options(),
+                                                  option))]  # a default changes nothing
     with pytest.raises(ConfigError) as err:
         validate_model(cfg)
     msg = str(err.value)
     assert "\n" not in msg and f"model.mixer.{option}=" in msg and owner in msg, msg
+
+
+def test_an_unread_option_at_its_owners_default_is_dropped():
+    """``model.mixer.name=ssm`` over softmax.yaml's listing: window=None changes nothing."""
+    cfg = compose("train", ["experiment=smoke", "model.vocab_size=64", "model.mixer.name=ssm",
+                            "model/position=none"])
+    m = model_config(cfg.model)
+    assert "window" not in m.mixer and m.mixer.d_state == 16
 
 
 def test_a_typo_names_the_closest_key():

@@ -256,7 +256,7 @@ def test_new_overrides_replace_the_runs_own_by_key():
 def test_a_difference_sets_and_removes_keys():
     from omegaconf import OmegaConf
 
-    cfg = compose("train", ["experiment=smoke"])
+    cfg = compose("train", ["experiment=smoke", "+model.mixer.options={}"])
     cfg.model.mixer.options = {"a": 1, "b": {"c": 2}}
     apply_delta(cfg, [("data.batch_size", 8, 4), ("model.mixer.options.a", 1, "<absent>"),
                       ("model.mixer.options.b", "<absent>", {}),

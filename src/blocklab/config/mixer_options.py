@@ -1,6 +1,6 @@
 """Each mixer owns its options: ``model.mixer``'s flat keys read into the options dataclass of
 every mixer in use (``options`` on the mixer class, model/mixer.py), and refused when no mixer
-in use declares them.
+in use declares them (unless at their owners' default: dropped, they change nothing).
 
 ``model.mixer`` holds the mixer choice (``name``, ``pattern``, ``encoder``) and the options of
 the mixers in use, flat (``model.mixer.d_state=8``). A key is accepted when a mixer in use
@@ -81,8 +81,12 @@ def validate_mixer_options(m: ModelConfig, key: str, family: Any) -> None:
     free = [name for name, (mixer, _) in used.items() if options_of(mixer) is None]
     names = ", ".join(used)
     for option, value in m.mixer.settings().items():
-        if option not in valid:
-            raise _fail(f"{key}.mixer.{option}", value, *unread(option, list(used), valid))
+        if option in valid:
+            continue
+        if _at_owners_default(option, value):  # e.g. softmax.yaml's under model.mixer.name=ssm
+            del m.mixer[option]
+            continue
+        raise _fail(f"{key}.mixer.{option}", value, *unread(option, list(used), valid))
     if m.mixer.options and not free:
         raise _fail(f"{key}.mixer.{MIXER_FREE_KEY}", dict(m.mixer.options),
                     f"the mixers in use ({names}) read their options flat, not from "
@@ -106,6 +110,17 @@ def validate_mixer_options(m: ModelConfig, key: str, family: Any) -> None:
         rule = getattr(mixer, "check_options", None)
         if rule is not None:
             rule(typed, f"{key}.mixer")
+
+
+def _at_owners_default(option: str, value: Any) -> bool:
+    """``value`` is the default of every mixer declaring ``option``: unread, it changes
+    nothing (a mixer file's listing left behind by ``model.mixer.name=...``), so it is dropped;
+    any other value would be silently ignored, so it is refused."""
+    from blocklab import registry
+
+    table = registry.table("mixer")
+    mine = [options_of(table[name]) for name in owners().get(option, [])]
+    return bool(mine) and all(getattr(opts(), option) == value for opts in mine if opts)
 
 
 def unread(option: str, used: list[str], valid: list[str]) -> tuple[str, str]:
