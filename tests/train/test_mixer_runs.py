@@ -18,7 +18,7 @@ MIXERS = {  # label -> overrides (recurrent stacks take no rotary positions)
     "linear": ["model/mixer=linear", "model/position=none", "model.mixer.chunk=8"],
     "gated_conv": ["model/mixer=gated_conv", "model/position=none"],
     "ssm": ["model/mixer=ssm", "model/position=none", "model.mixer.chunk=8"],
-    "hybrid": ["'model.mixer.pattern=[ssm,softmax]'", "model.mixer.chunk=8"],
+    "hybrid": ["model/mixer=ssm", "'model.mixer.pattern=[ssm,softmax]'", "model.mixer.chunk=8"],
 }
 FAST = ["experiment=smoke", "trainer.max_steps=8", "trainer.ckpt_every_steps=4",
         "trainer.val_every_steps=4", "trainer.log_every_steps=1", "probes=none",

@@ -104,10 +104,10 @@ def apply_init_from(cfg: DictConfig, overrides: list[str]) -> InitSource:
                           "and base, a max_seq_len that sizes no weight)")
     with open_dict(cfg):
         cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig), new)
-    if diff:  # allowed keys changed: they must leave every weight's shape as it is
-        _refuse_reshaped(source, OmegaConf.to_object(cfg.model), diff)
         if not tok_keys:
             cfg.tokenizer = OmegaConf.merge(cfg.tokenizer, _tokenizer_config(source, cfg))
+    if diff:  # allowed keys changed: they must leave every weight's shape as it is
+        _refuse_reshaped(source, OmegaConf.to_object(cfg.model), diff)
     print(loaded_line(source), file=sys.stderr)
     return source
 
