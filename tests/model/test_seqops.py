@@ -20,18 +20,9 @@ from blocklab.config import PositionConfig
 from blocklab.model import masks, seqops
 from blocklab.model.mixer import Sequence
 from blocklab.model.position import NoPosition
+from model.test_conv import LAYOUTS, T
 
-T, D = 13, 3
-LAYOUTS = {  # name -> (valid, segments) of 2 rows
-    "plain": (None, None),
-    "left": (torch.arange(T) >= torch.tensor([[4], [0]]), None),
-    "right": (torch.arange(T) < torch.tensor([[9], [T]]), None),
-    "holes": (torch.tensor([[1, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1]] * 2).bool(), None),
-    "packed": (None, torch.tensor([[1] * 4 + [2] * 6 + [3] * 3, [5] * 7 + [6] * 6])),
-    "packed_holes": (torch.tensor([[0, 1, 1, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0]] * 2).bool(),
-                     torch.tensor([[1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3],
-                                   [1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3]])),
-}
+D = 3  # channels; the layouts (2 rows of T tokens) are the gated convolution tests'
 
 
 def _seq(valid, segments, t: int = T, b: int = 2) -> Sequence:
