@@ -6,11 +6,13 @@ live here too; the package (writing, choosing, reading once) re-exports them."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -49,7 +51,8 @@ def verify(path: str | Path, *, keep: dict[str, Any] | None = None) -> dict[str,
 
 def _manifest(path: Path) -> dict[str, Any]:
     try:
-        manifest = json.loads((path / MANIFEST).read_bytes())
+        with _open_regular(path, MANIFEST) as f:
+            manifest = json.loads(f.read())
         files = manifest["files"]
         version = manifest.get("format_version", 0)
         if not isinstance(version, int) or not all(
@@ -88,23 +91,19 @@ def verified_file(path: str | Path, name: str) -> bytes:
 
 def _verified(path: Path, name: str, info: dict[str, Any], *, handle: bool) -> Any:
     """One file checked against its manifest entry: its bytes (or, with ``handle``, the open
-    file, rewound)."""
+    file, rewound). Its type and size are checked before it is opened or hashed."""
     try:
-        f = open(path / name, "rb")  # noqa: SIM115  (returned open with ``handle``)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        f = _open_regular(path, name, want=info["bytes"])
+    except (FileNotFoundError, NotADirectoryError):
         raise CheckpointError(f"checkpoint {path}: {name} missing") from None
     except OSError as e:
         raise CheckpointError(f"checkpoint {path}: cannot read {name} ({e.strerror})") from None
     handed = False
     try:
-        size, want = os.fstat(f.fileno()).st_size, info["bytes"]
-        if size < want:
-            raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of {want:,} "
-                                  "bytes)")
-        data = None if handle or size != want else f.read()
+        data = None if handle else f.read()
         digest = (hashlib.sha256(data) if data is not None
                   else hashlib.file_digest(f, "sha256")).hexdigest()
-        if size != want or digest != info["sha256"]:
+        if digest != info["sha256"]:
             raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted)")
         if handle:
             f.seek(0)
@@ -114,6 +113,58 @@ def _verified(path: Path, name: str, info: dict[str, Any], *, handle: bool) -> A
     finally:
         if not handed:
             f.close()
+
+
+#: What a checkpoint file is when it is not a regular file (``stat.S_IFMT`` -> words).
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO (named pipe)",
+          stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket"}
+
+
+def _open_regular(path: Path, name: str, want: int | None = None) -> BinaryIO:
+    """``path / name`` opened for reading if it is a regular file of the checkpoint itself —
+    checked with ``lstat`` before opening (a FIFO would block ``open``, a symbolic link would
+    read a file outside the checkpoint: both refused, as are devices and directories), opened
+    without following a link or blocking, and checked again on the open handle (the same
+    file, still regular: nothing swapped in between). With ``want`` (the manifest's size) a
+    file of another size is refused before a byte of it is read."""
+    where = path / name
+    before = os.lstat(where)
+    _regular(path, name, before)
+    if want is not None:
+        _sized(path, name, before.st_size, want)
+    fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # never blocks, never follows
+    f = os.fdopen(fd, "rb")
+    try:
+        after = os.fstat(fd)
+        _regular(path, name, after)
+        if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino):
+            raise CheckpointError(f"checkpoint {path}: {name} was replaced while being read")
+        if want is not None:
+            _sized(path, name, after.st_size, want)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _regular(path: Path, name: str, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+        link = ""
+        if stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                link = f" to {os.readlink(path / name)}"
+        raise Refused(f"checkpoint {path}: {name} is {kind}{link}; a checkpoint's files are "
+                      "regular files inside it, never links, pipes or devices (refused)")
+
+
+def _sized(path: Path, name: str, size: int, want: int) -> None:
+    if size < want:
+        raise CheckpointError(f"checkpoint {path}: {name} truncated ({size:,} of {want:,} bytes)")
+    if size != want:
+        raise CheckpointError(f"checkpoint {path}: {name} sha256 mismatch (corrupted: "
+                              f"{size:,} bytes where the manifest says {want:,})")
 
 
 def _close(opened: dict[str, Any]) -> None:
