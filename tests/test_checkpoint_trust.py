@@ -3,11 +3,14 @@
 that is a symbolic link (to a file outside it, with the very bytes the manifest hashes), a
 FIFO or a directory is refused in one line naming it, exit 4, before it is opened — wherever
 a checkpoint is read (``blocklab-eval``, ``resume=``, ``init_from=``, ``blocklab-generate``,
-``blocklab-export``: all through ``checkpoint.read``'s manifest verification)."""
+``blocklab-export``: all through ``checkpoint.read``'s manifest verification). And the check
+that an output folder is writable leaves nothing behind when it fails."""
 
 from __future__ import annotations
 
+import errno
 import os
+import pathlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -131,3 +134,36 @@ def test_a_directory_or_a_resized_file_is_refused_before_it_is_read(run, tmp_pat
         ckpt.verify(path)
     assert str(e.value) == (f"checkpoint {path}: {ckpt.STATE} sha256 mismatch (corrupted: "
                             f"{size + 7:,} bytes where the manifest says {size:,})")
+
+
+# ------------------------------------------------------------ the write check of an output
+
+
+@pytest.mark.parametrize("existed", [False, True], ids=["new-out", "existing-out"])
+def test_a_failed_write_check_of_out_leaves_nothing_behind(tmp_path, capfd, monkeypatch,
+                                                          existed):
+    """``blocklab-eval out=`` on a full disk: the write test file is created, its write fails
+    with ENOSPC (injected: the same ``write_text`` the check calls raises once the file is
+    there). Exit 6, one line, and no ``.write-test-<pid>`` left; the folders the check made
+    are removed, one that existed is kept (empty, as it was)."""
+    out = tmp_path / "a" / "b" / "out"
+    if existed:
+        out.mkdir(parents=True)
+    real = pathlib.Path.write_text
+
+    def full(self, data, *args, **kwargs):
+        if not self.name.startswith(".write-test-"):
+            return real(self, data, *args, **kwargs)
+        self.touch()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    r = run_cli(capfd, "blocklab-eval", f"ckpt={tmp_path / 'no-run'}", "probes=none",
+                f"out={out}")
+    assert r.returncode == 6, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        f"I/O error: out= {out}: not writable (No space left on device)"]
+    if existed:
+        assert out.is_dir() and list(out.iterdir()) == []
+    else:
+        assert list(tmp_path.iterdir()) == []

@@ -35,18 +35,27 @@ class RunDirBusy(StorageError):
 
 def writable_dir(path: str | Path, what: str) -> Path:
     """Create ``path`` (and parents) and check that a file can be written in it; ``what``
-    names it in the error ("run directory", "out="...)."""
+    names it in the error ("run directory", "out="...). Nothing of the check is left behind:
+    its test file is removed whatever happens, and on failure so are the directories it
+    created (never one that existed before)."""
     path = Path(path)
     for parent in [path, *path.parents]:
         if parent.exists() and not parent.is_dir():
             raise StorageError(errno.ENOTDIR, f"I/O error: {what} {path}: {parent} is a file, "
                                "not a directory")
+    created = [p for p in [path, *path.parents] if not p.exists()]  # deepest first
+    probe = path / f".write-test-{os.getpid()}"
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            probe.write_text("ok")
+        finally:
+            with contextlib.suppress(OSError):
+                probe.unlink()
     except OSError as e:
+        for made in created:  # only what this check made, and only while empty
+            with contextlib.suppress(OSError):
+                made.rmdir()
         raise StorageError(e.errno, f"I/O error: {what} {path}: not writable "
                            f"({e.strerror})") from None
     return path
