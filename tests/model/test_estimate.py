@@ -49,7 +49,8 @@ def tiny(family: str = "decoder", *, norm: str = "layernorm", block: str = "pre"
                             n_encoder_layers=3 if family == "encoder_decoder" else None),
         norm=NormConfig(name=n.name, bias=n.bias),
         block=BlockConfig(name=block),
-        position=PositionConfig(name=position, num_buckets=10, max_distance=40),
+        position=PositionConfig(name=position, **(  # T5's own options only where it reads them
+            {"num_buckets": 10, "max_distance": 40} if position == "t5_bias" else {})),
         ffn=FFNConfig(name=ffn, bias=ffn_bias),
         attention=AttentionConfig(name=attention, n_kv_heads=KV_HEADS[attention],
                                   bias=attn_bias),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from blocklab.errors import ConfigError
@@ -36,6 +38,30 @@ def finite(x: Any) -> bool:
 
 
 _finite = finite
+
+#: The rule every number of a config meets before any other rule is asked: a range rule
+#: written ``x < 0 -> refuse`` lets NaN through (every comparison with NaN is false), and no
+#: key of blocklab's means anything by NaN or an infinity.
+FINITE_RULE = "must be a finite number (NaN and inf are never valid config values)"
+
+
+def finite_everywhere(value: Any, key: str) -> None:
+    """Refuse, in one line naming the dotted key, any NaN or infinity anywhere in a config
+    (dataclasses, mappings — callback options, mixer options — and lists, as composed): the
+    root of every numeric range rule, so that none of them sees a non-finite number."""
+    if isinstance(value, float):
+        _check(math.isfinite(value), key, value, FINITE_RULE)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            finite_everywhere(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            finite_everywhere(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list | tuple):
+        bad = [v for v in value if isinstance(v, float) and not math.isfinite(v)]
+        _check(not bad, key, value, FINITE_RULE.replace("must be", "each value must be", 1))
+        for i, v in enumerate(value):
+            finite_everywhere(v, f"{key}[{i}]")
 
 
 def _name(x: Any) -> Any:

@@ -9,7 +9,7 @@ import dataclasses
 import re
 from typing import Any
 
-from blocklab.config.checks import _check, _each, _finite, _name, _one_of
+from blocklab.config.checks import _check, _each, _finite, _name, _one_of, finite_everywhere
 from blocklab.config.probes import validate_probe_spec
 from blocklab.config.schema import (
     ACCELERATORS,
@@ -225,6 +225,7 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
     """Every key of a composed training config, before any data is read, any model built or
     any file written; returns it unchanged. ``model.vocab_size`` may still be null here (the
     tokenizer decides; training checks it against the tokenizer once that is built)."""
+    finite_everywhere(tc, "")  # no NaN or inf reaches any rule below
     validate_model(dataclasses.replace(
         tc.model, vocab_size=1 if tc.model.vocab_size is None else tc.model.vocab_size))
     validate_data(tc.data, tc.tokenizer)
@@ -263,6 +264,7 @@ RUN_DATA = ("auto", "true", "false")
 def validate_eval(cfg: EvalConfig) -> EvalConfig:
     """``blocklab-eval``'s own keys and its probe spec (checked again, against the run's
     vocabulary, once the checkpoint is known: :func:`validate_probe_spec` with ``data``)."""
+    finite_everywhere(cfg, "")
     if (cfg.ckpt is None) == (cfg.hf_model is None):
         raise ConfigError(f"config error: ckpt={cfg.ckpt!r}, hf_model={cfg.hf_model!r}: give "
                           "exactly one (a blocklab run/checkpoint, or a Hugging Face model dir)")
@@ -296,6 +298,7 @@ def validate_generate(cfg: GenerateConfig) -> GenerateConfig:
     """``blocklab-generate``'s keys, before the checkpoint is read: one source of prompts,
     sampling knobs in range (``temperature=0`` is greedy; ``top_k`` 0 / null and ``top_p`` 1 /
     null are off), a device torch can name."""
+    finite_everywhere(cfg, "")
     _check(bool(cfg.ckpt), "ckpt", cfg.ckpt, "required (a run directory, a checkpoint "
            "directory or a blocklab-import output)")
     _check(cfg.prompt is None or cfg.prompt_file is None, "prompt_file", cfg.prompt_file,

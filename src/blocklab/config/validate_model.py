@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from blocklab.config.checks import _check, _fail, _finite, _name
+from blocklab.config.checks import _check, _fail, _finite, _name, finite_everywhere
 from blocklab.config.mixer_options import validate_mixer_options
 from blocklab.config.model_schema import GELU_FORMS, ModelConfig, PositionConfig
 from blocklab.config.schema import DataConfig
@@ -20,6 +20,9 @@ MODEL_AXES = ("family", "norm", "block", "position", "ffn", "attention", "mixer"
 #: Axes whose component may state rules on the whole model config: ``check(m, key)``, ``key``
 #: the model's dotted prefix (head layouts and mixers have rules of their own shape).
 RULED_AXES = ("family", "norm", "block", "position", "ffn")
+#: The deepest stack a config may ask for: far beyond any trained Transformer, and small enough
+#: that checking and estimating it layer by layer answers in seconds.
+MAX_LAYERS = 10_000
 
 
 def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
@@ -27,6 +30,7 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
     names are checked against their registries (which loads user plugins, see registry.py)."""
     from blocklab import registry
 
+    finite_everywhere(m, key)
     for axis in MODEL_AXES:
         registry.lookup(axis, getattr(m, axis).name, f"{key}.{axis}.name")
     if m.vocab_size is None:
@@ -36,6 +40,10 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
         value = getattr(m, name)
         if value < 1:
             raise _fail(f"{key}.{name}", value, "must be >= 1")
+    for name in ("n_layers", "family.n_encoder_layers"):  # every check and estimate is per layer
+        value = m.n_layers if name == "n_layers" else m.family.n_encoder_layers
+        _check(value is None or value <= MAX_LAYERS, f"{key}.{name}", value,
+               f"must be <= {MAX_LAYERS:,} (blocklab's bound on a stack's depth)")
     if not 0.0 <= m.dropout < 1.0:
         raise _fail(f"{key}.dropout", m.dropout, "must be in [0, 1)")
     if m.d_head is None and m.d_model % m.n_heads:
@@ -82,10 +90,19 @@ def _validate_mixers(m: ModelConfig, key: str, family: Any) -> None:
             registry.lookup("mixer", name, f"{key}.mixer.{field_name}")
     validate_mixer_options(m, key, family)
     used = []
-    for n_layers, _, causal in family.stacks(m):
+    stacks = family.stacks(m)
+    for n_layers, _, causal in stacks:
         where = key + m.mixer_key(causal).removeprefix("model")
         chosen = {"name": m.mixer.name, "pattern": list(m.mixer.pattern),
                   "encoder": list(m.mixer.encoder)}[where.rsplit(".", 1)[1]]
+        if isinstance(chosen, list):  # repeated when shorter; longer would drop its tail
+            count = (f"{key}.family.n_encoder_layers" if not causal and len(stacks) > 1
+                     and m.family.n_encoder_layers is not None else f"{key}.n_layers")
+            _check(len(chosen) <= n_layers, where, chosen,
+                   f"{len(chosen)} entries for a stack of {n_layers} layer"
+                   f"{'s' * (n_layers > 1)} ({count}={n_layers}): one mixer per layer, "
+                   f"repeated when shorter, so the entries past layer {n_layers - 1} would "
+                   f"never be used", f"give at most {n_layers}, or raise {count}")
         for i in range(n_layers):
             name = m.layer_mixer(i, causal)
             mixer = registry.lookup("mixer", name, where)
@@ -108,11 +125,14 @@ def _validate_mixers(m: ModelConfig, key: str, family: Any) -> None:
            f"({where}={pattern or m.mixer.name!r})", "use model/position=none or a softmax layer")
 
 
-def validate_model_options(m: ModelConfig, data: DataConfig, key: str = "model") -> None:
+def validate_model_options(m: ModelConfig, data: DataConfig | None, key: str = "model", *,
+                           seq_len: int | None = None, seq_key: str = "data.seq_len") -> None:
     """Options a component would silently ignore (each says what it reads), the position
-    scheme's option rules, and its position table against the training length. Part of a
-    training config's check, not of :func:`validate_model`: a model built directly may carry
-    them."""
+    scheme's option rules, and its position table against the training length
+    (``data.seq_len``, or ``seq_len`` named ``seq_key``: blocklab-estimate's). Part of a
+    training config's check, and of an estimate's, not of :func:`validate_model`: a model
+    built directly may carry them."""
+    length = data.seq_len if seq_len is None else seq_len
     from blocklab import registry
 
     scheme = registry.lookup("position", m.position.name, f"{key}.position.name")
@@ -127,9 +147,9 @@ def validate_model_options(m: ModelConfig, data: DataConfig, key: str = "model")
     scheme.check_options(m.position, f"{key}.position")
     limit = scheme.positions_limit(m.position, max_seq_len=m.max_seq_len)  # the scheme says
     if limit is not None:
-        _check(limit >= data.seq_len, f"{key}.max_seq_len", m.max_seq_len,
-               f"the {m.position.name} position table must cover data.seq_len={data.seq_len}",
-               f"raise {key}.max_seq_len or lower data.seq_len")
+        _check(limit >= length, f"{key}.max_seq_len", m.max_seq_len,
+               f"the {m.position.name} position table must cover {seq_key}={length}",
+               f"raise {key}.max_seq_len or lower {seq_key}")
 
 
 def _unread_position_options(m: ModelConfig, scheme: Any, key: str) -> None:

@@ -192,8 +192,11 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
     training = 3× forward. Activations: ≈ s·b·d·(34 + 5·H·k/d) bytes per layer at 2-byte
     values, ``k`` the keys a query scores (0 for mixers without scores), without
     recomputation ("Reducing Activation Recomputation", arXiv 2205.05198). Decode state: the
-    sum of the layers' own state sizes."""
+    sum of the layers' own state sizes. ``batch``, ``seq_len`` and ``bytes_per_value`` are
+    checked (blocklab-estimate's ``batch_size``, ``seq_len``, ``bytes_per_value``), and the
+    model as training checks it for that length (:func:`check_estimate`)."""
     t = seq_len or m.max_seq_len
+    check_estimate(m, batch=batch, seq_len=t, bytes_per_value=bytes_per_value)
     with one_run():
         cross_layers = sum(n for n, cross, _ in stacks_of(m) if cross)
         costs = layer_costs(m, batch=batch, seq_len=t, bytes_per_value=bytes_per_value)
@@ -210,6 +213,22 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
         forward_flops_per_token=float(forward), activation_bytes=activations,
         state_bytes=sum(c.state_bytes for c in costs), layers=tuple(costs),
     )
+
+
+def check_estimate(m: ModelConfig, *, batch: int, seq_len: int, bytes_per_value: int) -> None:
+    """What an estimate is asked, refused in one line naming the key (exit code 2) where it
+    means nothing — a batch, a length or a value size below 1 —, and the model's options
+    against that length exactly as training checks them against ``data.seq_len``
+    (config.validate_model_options: unread options, the position table's length)."""
+    from blocklab.config.checks import require
+    from blocklab.config.validate_model import validate_model_options
+
+    for name, value in (("batch_size", batch), ("seq_len", seq_len),
+                        ("bytes_per_value", bytes_per_value)):
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
+                value, "must be an integer >= 1" + (" (2 = bf16/fp16, 4 = fp32)"
+                                                    if name == "bytes_per_value" else ""))
+    validate_model_options(m, None, seq_len=seq_len, seq_key="seq_len")
 
 
 def human(n: float, unit: str = "") -> str:

@@ -343,6 +343,8 @@ class LinearAttention(Mixer):
             require(_count(o.feature_dim, 1), f"{key}.feature_dim", o.feature_dim,
                     "must be an integer >= 1 (taylor: the query/key width per head)",
                     "the state holds 1 + D + D² features per key/value head, e.g. 16")
+        require(_count(o.feature_dim, 0), f"{key}.feature_dim", o.feature_dim,  # never negative
+                "must be an integer >= 0 (unread by feature_map=elu, a width all the same)")
         require(_count(o.short_conv, 0), f"{key}.short_conv", o.short_conv,
                 "must be an integer >= 0 (convolution taps; 0 = none)")
         require(_count(o.chunk, 1), f"{key}.chunk", o.chunk,
