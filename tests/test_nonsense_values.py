@@ -1,22 +1,25 @@
-"""Nonsense values are refused in one line naming the key, the value and the rule (exit 2)
-(docs/reliability.md,
+"""Nonsense values are refused in one line naming the key, the value and the rule (exit 2),
+and one that is legal but defeats its purpose is named in a warning (docs/reliability.md,
 "Checkpoints from others, nonsense values"): NaN or an infinity anywhere in a config — every
 float of the schema, enumerated from it, and the options in mappings (callbacks, mixers) —;
 ``blocklab-estimate``'s own nonsense (a negative batch or length, zero bytes per value, a
 depth no check can walk in time) and a model it checked less than training does; a mixer
-pattern longer than its stack."""
+pattern longer than its stack; validation files that are training files."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import math
+import os
 import typing
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
 from blocklab.config import ConfigError, TrainConfig, compose, validate_train
+from data.test_text_runs import corpus
 from inprocess import run_cli
 
 FINITE_RULE = "must be a finite number (NaN and inf are never valid config values)"
@@ -166,3 +169,53 @@ def test_a_shorter_mixer_pattern_repeats_over_the_layers(capfd):
     layers = [x.split(")")[0].strip() for x in r.stdout.splitlines() if x.startswith("  layer")]
     assert layers == ["layer 0 (linear", "layer 1 (softmax", "layer 2 (linear",
                       "layer 3 (softmax"]
+
+
+# ---------------------------------------------------------- validation files that train
+
+
+def _warning(files: str, shared: list[str], n: int | None = None) -> str:
+    n = len(shared) if n is None else n
+    return (f"warning: data.val_files and {files} share {n} file{'s' * (n > 1)} "
+            f"({', '.join(shared)}): the validation loss on {'them' if n > 1 else 'it'} is a "
+            "training loss")
+
+
+def test_validation_files_that_are_training_files_are_named(tmp_path, capfd):
+    """``data.val_files`` naming a training file through a symbolic link: every validation
+    loss was a training loss, and nothing said so. The run goes on (a deliberate control is
+    legal), with one warning line naming both keys and the file."""
+    data = corpus(tmp_path, n_files=6, words=80)
+    os.symlink(data / "doc003.txt", tmp_path / "val.txt")
+    r = run_cli(capfd, "blocklab-train", "data=text_files", "tokenizer=byte",
+                f"data.files=[{data}]", f"data.val_files=[{tmp_path / 'val.txt'}]",
+                f"data.cache_dir={tmp_path / 'cache'}", "data.seq_len=16", "data.batch_size=2",
+                "model=gpt2_tiny", "model.vocab_size=null", "model.n_layers=1",
+                "model.d_model=16", "model.n_heads=2", "model.d_ff=32", "model.max_seq_len=16",
+                "trainer.max_steps=1", "trainer.val_every_steps=1", "trainer.progress_bar=false",
+                "probes=none", "checkpoint_probes.enabled=false", f"run_dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    warned = [x for x in r.stderr.splitlines() if x.startswith("warning: data.val_files")]
+    assert warned == [_warning("data.files", [str(tmp_path / "val.txt")])]
+
+
+@pytest.mark.parametrize("case", ["same-path", "another-spelling", "directory", "glob",
+                                  "disjoint"])
+def test_every_spelling_of_a_shared_validation_file_is_found(tmp_path, capfd, case):
+    data = corpus(tmp_path, n_files=4, words=40)
+    one = str(data / "doc001.txt")
+    files, val = {
+        "same-path": ([one, str(data / "doc002.txt")], [one]),
+        "another-spelling": ([one], [f"{tmp_path}/corpus/../corpus/./doc001.txt"]),
+        "directory": ([one], [str(data)]),  # the validation directory holds the training file
+        "glob": ([str(data)], [f"{data}/doc00[12].txt"]),
+        "disjoint": ([str(data / "doc000.txt")], [one]),
+    }[case]
+    cfg = compose("train", [*SMOKE, "data=text_files", "tokenizer=byte", "model.vocab_size=null",
+                            f"data.files={files}", f"data.val_files={val}"])
+    capfd.readouterr()
+    validate_train(OmegaConf.to_object(cfg))
+    err = capfd.readouterr().err.strip().splitlines()
+    shared = {"same-path": [one], "another-spelling": [str(Path(val[0]))], "directory": [one],
+              "glob": [str(data / "doc001.txt"), str(data / "doc002.txt")], "disjoint": []}[case]
+    assert err == ([_warning("data.files", shared)] if shared else [])

@@ -64,6 +64,9 @@ from blocklab.config.probe_schema import (  # noqa: F401 (re-exported)
 # Choices that are strings in the schema (Lightning's names, file formats, ...): the validators
 # below check them; each tuple is the one list of what blocklab supports.
 DATA_FORMATS = ("text", "json", "parquet", "disk")  # readers of data.files (disk: save_to_disk)
+# the files of a directory in data.files / data.val_files that each format reads
+FORMAT_SUFFIXES = {"text": (".txt", ".text", ".md"), "json": (".json", ".jsonl", ".ndjson"),
+                   "parquet": (".parquet",)}
 DOCUMENT_SPLITS = ("file", "line", "paragraph")  # plain text: what one document is
 SOURCE_FINGERPRINTS = ("stat", "content")
 LONG_DOCUMENTS = ("split", "truncate")

@@ -5,12 +5,16 @@ Files are read later, by the data package (missing or malformed data is a data e
 from __future__ import annotations
 
 import dataclasses
+import glob
+import sys
+from pathlib import Path
 
 from blocklab.config.checks import _check, _fail, _finite, _name, _one_of
 from blocklab.config.schema import (
     DATA_FORMATS,
     DOCUMENT_SPLITS,
     FILLERS,
+    FORMAT_SUFFIXES,
     LONG_DOCUMENTS,
     MARKOV_MIN_FILLER,
     MQAR_LAYOUTS,
@@ -204,7 +208,66 @@ def validate_text_sources(d: DataConfig, key: str = "data", *, evaluation: bool 
            "must be null (every core) or >= 1")
     _check(d.format == "text" or bool(d.text_key), f"{key}.text_key", d.text_key,
            f"{d.format} records need the name of their text column")
+    if not evaluation:
+        _warn_validation_on_training(d, key)
     return d
+
+
+def _warn_validation_on_training(d: DataConfig, key: str) -> None:
+    """One warning line when ``data.val_files`` names a file the training sources hold too
+    (the same path, another spelling of it, a link to it, a directory or glob holding it):
+    every validation loss on it is a training loss. A warning, not a refusal: measuring
+    exactly that is a deliberate control (blocklab-repro's ``val-on-train`` break)."""
+    shared = shared_files(d)
+    if shared:
+        names = [str(p) for p in shared]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        train = f"{key}.corpus={d.corpus}" if d.corpus else f"{key}.files"
+        print(f"warning: {key}.val_files and {train} share {len(names)} "
+              f"file{'s' if len(names) > 1 else ''} ({shown}): the validation loss on "
+              f"{'them' if len(names) > 1 else 'it'} is a training loss", file=sys.stderr)
+
+
+def shared_files(d: DataConfig) -> list[Path]:
+    """The files of ``data.val_files`` that the training sources (``data.files`` or the
+    corpus's files) also read, found by identity (device and inode: a symbolic link, a hard
+    link or another spelling of a path is the same file), expanded as the data package reads
+    them (a file; a directory: its files of the format, recursively; a glob). Entries that
+    match nothing are left to the data package to report; a hub dataset has no files here."""
+    if not d.val_files or d.hub_dataset:
+        return []
+    if d.corpus:
+        from blocklab import registry
+
+        train = [str(f) for f in registry.lookup("corpus", d.corpus, "data.corpus")()]
+    else:
+        train = list(d.files)
+    seen = {_identity(f): f for f in _expand(train, d.format)}
+    return [f for f in _expand(list(d.val_files), d.format) if _identity(f) in seen]
+
+
+def _expand(entries: list[str], fmt: str) -> list[Path]:
+    out: list[Path] = []
+    for entry in entries:
+        p = Path(entry)
+        if fmt == "disk":  # one saved dataset directory
+            out += [p] if p.exists() else []
+        elif any(ch in entry for ch in "*?["):
+            out += sorted(Path(f) for f in glob.glob(entry, recursive=True) if Path(f).is_file())
+        elif p.is_dir():
+            suffixes = FORMAT_SUFFIXES.get(fmt, ())
+            out += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in suffixes)
+        elif p.is_file():
+            out.append(p)
+    return list(dict.fromkeys(out))
+
+
+def _identity(path: Path) -> tuple[int, int] | Path:
+    try:
+        st = path.stat()
+    except OSError:
+        return path.absolute()
+    return st.st_dev, st.st_ino
 
 
 def _source_words(d: DataConfig) -> str:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blocklab.config import DataConfig
+from blocklab.config.schema import FORMAT_SUFFIXES
 from blocklab.data.plaintext import ReadStats, decode, document_pieces, text_pieces
 from blocklab.errors import DataError
 
@@ -57,8 +58,7 @@ CORPORA = {
     "shakespeare": shakespeare_files,
 }
 
-_SUFFIXES = {"text": (".txt", ".text", ".md"), "json": (".json", ".jsonl", ".ndjson"),
-             "parquet": (".parquet",)}
+_SUFFIXES = FORMAT_SUFFIXES  # config/schema.py: validation reads directories alike
 
 
 def resolve_files(data: DataConfig, key: str = "data.files") -> list[Path]:
