@@ -91,6 +91,18 @@ def test_any_max_new_tokens_samples_and_stops_at_eos(run, names, greedy, tmp_pat
     assert f" {stop} new tokens" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_cache_that_grows_mid_sample_samples_the_same_tokens(run, names, greedy, capfd,
+                                                                monkeypatch):
+    """The growing cache made to start at 2 slots: the prompt's prefill and the sample grow it
+    three times; the sample is the one a cache allocated whole gives."""
+    from blocklab.model import kv
+
+    monkeypatch.setattr(kv, "FIRST_SLOTS", 2)
+    r = gen(capfd, run, "temperature=0", "max_new_tokens=6", "stop_at_eos=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == printed(names, greedy)
+
+
 def test_running_out_of_memory_is_one_line_naming_max_new_tokens(run, capfd, monkeypatch):
     """A machine whose allocator refuses any tensor over 1 MiB (with the error torch's CPU
     allocator raises when memory runs out): the weights (256 KiB at most) load, the KV cache

@@ -165,3 +165,15 @@ def test_a_misspelt_callback_in_a_list_names_the_closest_and_the_choices(tmp_pat
         f"config error: callbacks={callbacks}: {typo!r} is not an option of callbacks; did you "
         f"mean {near}? options: early_stopping, lr_monitor, none"]
     assert os.listdir(tmp_path) == []
+
+
+# ------------------------------------------------------------------------- exit codes
+
+
+def test_a_numerical_error_in_training_is_one_line_exit_5(tmp_path, capfd):
+    """The command line's report had caught every exception but its users' classes before it
+    reached its numerical clause: training's NaN loss (documented: exit 5) was a traceback."""
+    r = run_cli(capfd, "blocklab-train", *SMOKE, f"run_dir={tmp_path / 'run'}", "optim.lr=1e35")
+    assert r.returncode == 5, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1].startswith("numerical error: loss is nan at step 1")
+    assert "Traceback" not in r.stderr
