@@ -73,8 +73,8 @@ def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
     the cache each step feeds one token into K/V buffers (grown as they fill, model/kv.py);
     ``use_cache=False`` recomputes the whole prefix (the reference). ``static_cache=True``
     decodes with fixed shapes (see the module docstring); ``compile=True`` (or a
-    ``torch.compile`` mode name) compiles that step: ``"reduce-overhead"`` on CUDA, the default mode elsewhere.
-    ``on_token`` is called with each step's (B,) tokens as soon as they are sampled, before the
+    ``torch.compile`` mode name) compiles that step: ``"reduce-overhead"`` on CUDA, the
+    default mode elsewhere. ``on_token`` is called with each step's (B,) tokens as soon as they are sampled, before the
     next forward (streaming: ``blocklab-generate`` prints each piece as it comes)."""
     input_ids, valid = _check(model, input_ids, valid, max_new_tokens, source_ids,
                               temperature, top_k, top_p)
