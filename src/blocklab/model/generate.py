@@ -6,9 +6,9 @@ Everything a caller can get wrong is checked before the first step, in one line:
 keyword arguments (a ``TypeError``, never swallowed), a family that cannot generate, sampling
 knobs out of range, a prompt row without any real token, and prompt + new tokens beyond what
 the position scheme can index. Logits that are not finite (NaN weights) stop the loop with a
-``FloatingPointError`` naming the step, before anything is sampled from them. Padding may sit on either side (or in between): rows are
-left-aligned first, which changes nothing for the model because positions count real tokens
-only and padding keys are never visible.
+``FloatingPointError`` naming the step, before anything is sampled from them. Padding may
+sit on either side (or in between): rows are left-aligned first, which changes nothing for
+the model because positions count real tokens only and padding keys are never visible.
 
 Fixed-shape decoding (``static_cache=True``, implied by ``compile``): the prompt is prefilled
 eagerly into a fixed-shape :class:`~blocklab.model.cache.DecodeCache` (``static=True``), then every step feeds one
@@ -74,8 +74,9 @@ def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
     ``use_cache=False`` recomputes the whole prefix (the reference). ``static_cache=True``
     decodes with fixed shapes (see the module docstring); ``compile=True`` (or a
     ``torch.compile`` mode name) compiles that step: ``"reduce-overhead"`` on CUDA, the
-    default mode elsewhere. ``on_token`` is called with each step's (B,) tokens as soon as they are sampled, before the
-    next forward (streaming: ``blocklab-generate`` prints each piece as it comes)."""
+    default mode elsewhere. ``on_token`` is called with each step's (B,) tokens as soon as
+    they are sampled, before the next forward (streaming: ``blocklab-generate`` prints each
+    piece as it comes)."""
     input_ids, valid = _check(model, input_ids, valid, max_new_tokens, source_ids,
                               temperature, top_k, top_p)
     if (static_cache or compile) and not use_cache:
