@@ -78,7 +78,10 @@ def check_wandb_dirs(cfg: LoggerConfig, run_dir: Path) -> None:
     ``logger.log_checkpoints`` the folders it copies every checkpoint through — the staging
     folder under ``WANDB_DATA_DIR`` (``~/.local/share/wandb``: a read-only home stopped the
     run at its first checkpoint) and the artifact cache under ``WANDB_CACHE_DIR``. One line
-    each, naming the path and what moves it (exit 6)."""
+    each, naming the path and what moves it (exit 6). ``logger.mode=disabled`` writes
+    nothing."""
+    if cfg.mode == "disabled":
+        return
     from wandb import env
 
     from blocklab.errors import StorageError
