@@ -15,6 +15,7 @@ import hydra
 from omegaconf import DictConfig
 
 from blocklab.config import CONFIG_MODULE, ConfigError, register_configs
+from blocklab.errors import standard_output
 
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
 warnings.filterwarnings("ignore", message=".*LeafSpec.*")  # lightning 2.6 + torch 2.13 noise
@@ -29,7 +30,14 @@ def _console(main, config_name: str) -> None:
     """Console-script wrapper. Hydra's composition errors (unknown group option, typo'd key,
     wrong type, an override it cannot parse) end in one line and the config-error exit code
     like ours: Hydra is asked to raise them (``HYDRA_FULL_ERROR=1``) and they are reworded
-    here (config/hydra_errors.py). Set HYDRA_FULL_ERROR=1 yourself for Hydra's own report."""
+    here (config/hydra_errors.py). Set HYDRA_FULL_ERROR=1 yourself for Hydra's own report.
+    Standard output is written through ``errors.standard_output``: a full disk is one line
+    (exit 6), a reader that went away (``| head``) a quiet exit 141."""
+    with standard_output():
+        _console_command(main, config_name)
+
+
+def _console_command(main, config_name: str) -> None:
     from blocklab.config import SCHEMAS
     from blocklab.registry import load_plugins
     from hydra_plugins.blocklab_launchers import register as register_launchers
@@ -160,11 +168,12 @@ def _run(fn, cfg: DictConfig):
         return fn(c)
 
     def users(e: BaseException) -> bool:
-        """An error users cause. ``Preempted`` is training's (train/run.py, which imports
-        Lightning: seconds that import, export, generate and eval do not spend): only a
-        command that imported it can raise it."""
+        """An error users cause (numerical ones included: exit 5). ``Preempted`` is
+        training's (train/run.py, which imports Lightning: seconds that import, export,
+        generate and eval do not spend): only a command that imported it can raise it."""
         run = sys.modules.get("blocklab.train.run")
-        return isinstance(e, (ConfigError, CheckpointError, StorageError, DataError)) or (
+        return isinstance(e, (ConfigError, CheckpointError, StorageError, DataError,
+                              FloatingPointError)) or (
             run is not None and isinstance(e, run.Preempted))
 
     if in_multirun():  # a failing job records its error; the sweep goes on
@@ -182,10 +191,7 @@ def _run(fn, cfg: DictConfig):
         if not users(e):
             raise
         print(str(e.args[-1] if isinstance(e, OSError) else e), file=sys.stderr)
-        sys.exit(e.exit_code)
-    except FloatingPointError as e:
-        print(str(e), file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 5))
+        sys.exit(getattr(e, "exit_code", 5))  # a FloatingPointError without one: numerical
 
 
 def _train(cfg: DictConfig) -> float | None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from blocklab.compare.plots import plot_loss_curves, plot_probe_accuracy
 from blocklab.compare.runs import MAX_DEPTH, CompareError, collect
 from blocklab.compare.table import markdown_table, sort_rows, write_csv, write_markdown
+from blocklab.errors import standard_output
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +57,7 @@ def _plots(rows: list[dict], out: Path) -> list[Path]:
     return plots
 
 
+@standard_output()  # a full disk: one line, exit 6; a reader gone (| head): exit 141
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``blocklab-compare``; returns the exit code."""
     args = _parser().parse_args(argv)

@@ -35,11 +35,16 @@ def _override(overrides: Sequence[str], key: str, value: str | None = None) -> s
 
 
 def _missing(e: Exception, overrides: Sequence[str]) -> ConfigError | None:
-    """``model/position=bogus``: not an option of the group (the options listed)."""
+    """``model/position=bogus``, or ``callbacks=[early_stoping]`` (an option in a list: Hydra
+    names it without the options): not an option of the group (the options listed)."""
     missing, options = getattr(e, "missing_cfg_file", None), getattr(e, "options", None)
-    if not missing or options is None or "/" not in missing:
+    if not missing or "/" not in missing:
         return None
     group, option = missing.rsplit("/", 1)
+    if options is None:
+        options = _group_options(e, group)
+    if options is None:
+        return None
     shown = _override(overrides, group, option)
     where = re.match(r"In '([^']+)'", str(e))
     named = (f"{group}={option} (named in {where.group(1)})" if shown is None and where
@@ -48,6 +53,21 @@ def _missing(e: Exception, overrides: Sequence[str]) -> ConfigError | None:
     if problem is None:
         return None
     return ConfigError(f"config error: {named}: {option!r} is {problem}")
+
+
+def _group_options(e: Exception, group: str) -> list[str] | None:
+    """The options of config group ``group`` in the repository Hydra was loading from when it
+    raised ``e`` (the user's ``--config-dir`` included: the ``repo`` of the frame that raised
+    it, Hydra's ``config_not_found_error``); None when no frame holds one."""
+    from hydra.core.object_type import ObjectType
+
+    tb = e.__traceback__
+    while tb is not None:
+        repo = tb.tb_frame.f_locals.get("repo")
+        if callable(getattr(repo, "get_group_options", None)):
+            return list(repo.get_group_options(group, ObjectType.CONFIG))
+        tb = tb.tb_next
+    return None
 
 
 def _typo(key: str, line: str, cause: BaseException | None, schema: type | None

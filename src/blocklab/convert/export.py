@@ -133,10 +133,8 @@ def export_model(target: str | Path, out: str | Path, *, arch: str | None = None
     say(f"writing {out} (config.json, model.safetensors {size / 1e6:,.1f} MB, tokenizer)")
 
     def fill(tmp: Path) -> None:
-        from safetensors.torch import save_file
-
         write_file(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True))
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(state, tmp / "model.safetensors")
         _write_tokenizer(tmp, meta, specials, say)
         write_file(tmp / "blocklab_export.json", json.dumps({
             "checkpoint": str(path), "step": meta.get("step"), "arch_hash": meta.get("arch_hash"),
@@ -152,6 +150,28 @@ def export_model(target: str | Path, out: str | Path, *, arch: str | None = None
             "residual dropout (training only; the outputs are the same)")
     log(f"exported {path} as {chosen.hf_class} to {out}")
     return out
+
+
+def save_safetensors(state: dict[str, Any], path: Path) -> None:
+    """``safetensors.torch.save_file``, its write errors (a full disk, ...) as the ``OSError``
+    they are: safetensors writes in Rust and raises its own ``SafetensorError`` ("... No
+    space left on device (os error 28) ..."), which the one-line storage errors of
+    ``files.write_dir_atomic`` would not know."""
+    import errno
+    import os
+    import re
+
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(state, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        n = int(code.group(1))
+        raise OSError(n, os.strerror(n) if n in errno.errorcode else str(e), str(path)) from None
 
 
 def _write_tokenizer(out: Path, meta: dict[str, Any], specials: dict[str, Any],

@@ -5,9 +5,10 @@ step) as a reference.
 Everything a caller can get wrong is checked before the first step, in one line: unknown
 keyword arguments (a ``TypeError``, never swallowed), a family that cannot generate, sampling
 knobs out of range, a prompt row without any real token, and prompt + new tokens beyond what
-the position scheme can index. Padding may sit on either side (or in between): rows are
-left-aligned first, which changes nothing for the model because positions count real tokens
-only and padding keys are never visible.
+the position scheme can index. Logits that are not finite (NaN weights) stop the loop with a
+``FloatingPointError`` naming the step, before anything is sampled from them. Padding may
+sit on either side (or in between): rows are left-aligned first, which changes nothing for
+the model because positions count real tokens only and padding keys are never visible.
 
 Fixed-shape decoding (``static_cache=True``, implied by ``compile``): the prompt is prefilled
 eagerly into a fixed-shape :class:`~blocklab.model.cache.DecodeCache` (``static=True``), then every step feeds one
@@ -32,10 +33,14 @@ from blocklab.model.position import positions_from_valid
 def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """(B, V) logits -> (B,) token ids. ``temperature == 0`` is greedy (argmax); ``top_k`` of
-    0 or None and ``top_p`` of 1 or None are off."""
-    if temperature <= 0:
+    0 or None and ``top_p`` of 1 or None are off. Any temperature samples: the logits are
+    shifted to a maximum of 0 before they are divided (a tiny temperature sends the others to
+    -inf, never the maximum to inf), and one below float32's smallest normal number, which
+    float32 cannot divide by, is greedy (what sampling tends to as the temperature goes to 0)."""
+    if temperature < torch.finfo(torch.float32).tiny:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if top_k and top_k < logits.shape[-1]:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.where(logits >= kth, float("-inf"))
@@ -44,7 +49,9 @@ def sample_next(logits: Tensor, *, temperature: float = 0.0, top_k: int | None =
         # keep the smallest set of tokens whose probability mass reaches top_p.
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         mass_before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)
-        sorted_logits = sorted_logits.where(mass_before < top_p, float("-inf"))
+        keep = mass_before < top_p
+        keep[:, 0] = True  # the top token, whatever top_p rounds to in float32
+        sorted_logits = sorted_logits.where(keep, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     probs = logits.softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -63,12 +70,13 @@ def generate(model: torch.nn.Module, input_ids: Tensor, *, max_new_tokens: int,
     prompt. ``valid`` (B, T) marks real prompt tokens (padding on either side). Rows that
     emitted ``eos_id`` keep emitting it. An encoder–decoder model generates from
     ``source_ids``/``source_valid`` (encoded once) and ``input_ids`` is the decoder start. With
-    the cache each step feeds one token into preallocated K/V buffers; ``use_cache=False``
-    recomputes the whole prefix (the reference). ``static_cache=True`` decodes with fixed
-    shapes (see the module docstring); ``compile=True`` (or a ``torch.compile`` mode name)
-    compiles that step: ``"reduce-overhead"`` on CUDA, the default mode elsewhere.
-    ``on_token`` is called with each step's (B,) tokens as soon as they are sampled, before the
-    next forward (streaming: ``blocklab-generate`` prints each piece as it comes)."""
+    the cache each step feeds one token into K/V buffers (grown as they fill, model/kv.py);
+    ``use_cache=False`` recomputes the whole prefix (the reference). ``static_cache=True``
+    decodes with fixed shapes (see the module docstring); ``compile=True`` (or a
+    ``torch.compile`` mode name) compiles that step: ``"reduce-overhead"`` on CUDA, the
+    default mode elsewhere. ``on_token`` is called with each step's (B,) tokens as soon as
+    they are sampled, before the next forward (streaming: ``blocklab-generate`` prints each
+    piece as it comes)."""
     input_ids, valid = _check(model, input_ids, valid, max_new_tokens, source_ids,
                               temperature, top_k, top_p)
     if (static_cache or compile) and not use_cache:
@@ -157,8 +165,9 @@ def _check(model: torch.nn.Module, ids: Tensor, valid: Tensor | None, max_new_to
                          f"{tuple(ids.shape)} {ids.dtype}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"generate: max_new_tokens={max_new_tokens!r}: must be an int >= 0")
-    if temperature < 0:
-        raise ValueError(f"generate: temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not 0 <= temperature < float("inf"):
+        raise ValueError(f"generate: temperature={temperature}: must be a finite number >= 0 "
+                         "(0 = greedy)")
     if top_k is not None and top_k < 0:
         raise ValueError(f"generate: top_k={top_k}: must be >= 0 (0 or None = off)")
     if top_p is not None and not 0 < top_p <= 1:
@@ -207,8 +216,11 @@ def _generate(model: torch.nn.Module, prompt_ids: Tensor, valid: Tensor | None,
     out = []
     for i in range(max_new_tokens):
         forward = step if i and use_cache else model.decode
-        logits = forward(ids, positions=pos, valid=valid, cache=cache, **prepared)
-        token = sample_next(logits[:, -1], **sampling)
+        logits = forward(ids, positions=pos, valid=valid, cache=cache, **prepared)[:, -1]
+        if not bool(torch.isfinite(logits).all()):  # NaN weights: never sampled from
+            raise FloatingPointError(f"generate: the model's logits are not finite at new "
+                                     f"token {i + 1}")
+        token = sample_next(logits, **sampling)
         if eos_id is not None:
             token = token.where(~done, eos_id)
             done |= token == eos_id

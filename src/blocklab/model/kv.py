@@ -16,6 +16,11 @@ A state names its book (``State.books``, the key in ``key``); the mixer hands th
 :meth:`write` and its :class:`~blocklab.model.mixer.Keys` to ``Sequence.visibility``.
 Cross-attention's K/V of the source, computed once per generation, are :class:`CrossKV`.
 
+A growing cache's buffers (:class:`History`, :class:`KVState`) hold at most
+:data:`FIRST_SLOTS` slots at first and double as they fill, up to the capacity asked for: memory
+follows the tokens written, so a sample asked for any number of new tokens starts at once (a
+cache of up to ``FIRST_SLOTS`` slots is allocated whole, as before).
+
 Shape legend: B batch, Hkv key/value heads, C capacity, S ring slots, T new tokens, D d_head.
 """
 
@@ -30,6 +35,23 @@ from torch import Tensor
 from blocklab.model.cache import Book, Step
 from blocklab.model.mixer import Keys, State
 
+#: Slots a growing buffer allocates at first (at most); it doubles as it fills.
+FIRST_SLOTS = 8192
+
+
+def _grown(t: Tensor, dim: int, end: int, capacity: int) -> Tensor:
+    """``t`` with room for ``end`` slots along ``dim``: itself when it has them, else a copy
+    twice as long (at least ``end``, at most ``capacity`` slots) holding ``t`` in front."""
+    have = t.shape[dim]
+    if end <= have:
+        return t
+    shape = list(t.shape)
+    shape[dim] = min(capacity, max(end, 2 * have))
+    new = torch.zeros(shape, dtype=t.dtype, device=t.device)
+    new.narrow(dim, 0, have).copy_(t)
+    return new
+
+
 # ------------------------------------------------------------------------------- key books
 
 
@@ -39,8 +61,10 @@ class History(Book):
     transient = ("keys", "start")
 
     def __init__(self, batch: int, capacity: int, device: torch.device | str) -> None:
-        self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+        self.capacity = capacity
+        slots = min(capacity, FIRST_SLOTS)  # grows as it fills (the module docstring)
+        self.positions = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
         self.has_padding = False
         self.keys: Keys | None = None
         self.start = 0  # this forward's first slot
@@ -48,6 +72,8 @@ class History(Book):
     def begin(self, step: Step) -> None:
         start = int(step.start)
         end = start + step.length
+        self.positions = _grown(self.positions, 1, end, self.capacity)
+        self.valid = _grown(self.valid, 1, end, self.capacity)
         self.positions[:, start:end] = step.positions
         self.valid[:, start:end] = True if step.real is None else step.real
         if step.real is not None and not self.has_padding:
@@ -130,18 +156,23 @@ def ring_slots(window: int, capacity: int) -> int:
 # ---------------------------------------------------------------------------- decode states
 
 class KVState(State):
-    """Every key so far: ``capacity`` slots of K and V, written at ``[length, length + T)``."""
+    """Every key so far: up to ``capacity`` slots of K and V (grown as they fill), written at
+    ``[length, length + T)``."""
 
     key: Hashable = ("history",)
     books = MappingProxyType({key: History})
 
     def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
                  dtype: torch.dtype, device: torch.device | str) -> None:
-        self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
+        self.capacity = capacity
+        slots = min(capacity, FIRST_SLOTS)
+        self.k = torch.zeros(batch, n_kv_heads, slots, d_head, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)  # (B, Hkv, C, D)
 
     def write(self, book: History, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         start, end = book.start, book.start + k.shape[2]
+        self.k = _grown(self.k, 2, end, self.capacity)
+        self.v = _grown(self.v, 2, end, self.capacity)
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, Tk, D)

@@ -17,6 +17,7 @@ import re
 import shlex
 import sys
 
+from blocklab.errors import standard_output
 from blocklab.repro.experiments import experiment, names
 from blocklab.repro.protocol import SIZES
 
@@ -59,6 +60,7 @@ def _list() -> str:
     return "\n".join(lines)
 
 
+@standard_output()  # a full disk: one line, exit 6; a reader gone (| head): exit 141
 def main(argv: list[str] | None = None) -> None:
     from blocklab.registry import load_plugins
 

@@ -26,10 +26,16 @@
   models just continue.
 - **Token space.** A run on the synthetic vocabulary has no text: prompts and output are token
   names (``<bos>``, ``<sep>``, ... ``f<i>`` filler, ``k<i>`` keys, ``v<i>`` values) or ids.
+- **Failures are one line.** Any ``max_new_tokens`` samples (the KV cache grows with the
+  sample, model/kv.py); memory that runs out is an I/O error naming ``max_new_tokens`` (exit
+  6); logits that are not finite (NaN weights) a numerical error naming the checkpoint and
+  the token (exit 5), before anything is sampled from them. Standard output that is full or
+  closed is the command line's (``errors.standard_output``).
 """
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from collections.abc import Callable
@@ -43,7 +49,7 @@ from blocklab import checkpoint as ckpt
 from blocklab.config.schema import GenerateConfig
 from blocklab.data.synthetic import Vocab
 from blocklab.data.tokenizer import Specials
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, NumericalError, ResourceError
 from blocklab.faults import maybe_fault
 from blocklab.model.generate import generate
 from blocklab.sample.prompts import (  # noqa: F401  (re-exported: blocklab.sample.<name>)
@@ -255,12 +261,51 @@ def answer(s: Sampler, key: str, text: str, gc: GenerateConfig, generator: torch
         if echo:
             stream.write(text)
         on_token, finish = _printer(s, ids, echo and bool(text.strip()), stream)
-        total += len(continue_ids(s, ids, gc, generator, on_token, err))
+        sampled = [0]
+
+        def counted(token: int, on_token=on_token, sampled=sampled) -> None:
+            sampled[0] += 1
+            on_token(token)
+
+        where = f"{key}" + (f", sample {i + 1}" if gc.num_samples > 1 else "")
+        try:
+            total += len(continue_ids(s, ids, gc, generator, counted, err))
+        except FloatingPointError:
+            raise not_finite(s, sampled[0] + 1, where) from None
+        except (RuntimeError, MemoryError) as e:
+            if not out_of_memory(e):
+                raise
+            raise ResourceError(errno.ENOMEM, f"I/O error: out of memory sampling {where} on "
+                                f"{s.device} at new token {sampled[0] + 1} (a prompt of "
+                                f"{len(ids)} tokens, max_new_tokens={gc.max_new_tokens}); ask "
+                                "for fewer new tokens or a shorter prompt, or sample on a "
+                                "device with more memory (device=)") from None
         stream.write(finish() + "\n")
     seconds = time.perf_counter() - t0
     err.write(f"{key}: {len(ids)} prompt tokens, {total} new tokens in {seconds:.2f} s "
               f"({total / max(seconds, 1e-9):.1f} tokens/s)\n")
     err.flush()
+
+
+def not_finite(s: Sampler, token: int, where: str) -> NumericalError:
+    """The one line for logits that are not finite at new token ``token``: the checkpoint,
+    the token, and whether its weights are (NaN or inf in a checkpoint of a diverged run)."""
+    params = list(s.model.parameters())
+    bad = sum(int((~torch.isfinite(p)).sum()) for p in params)
+    weights = (f"{bad:,} of its {sum(p.numel() for p in params):,} weights are NaN or inf"
+               if bad else "its weights are finite (the activations overflow)")
+    return NumericalError(f"numerical error: {s.where}: the model's logits are not finite at "
+                          f"token {token} ({where}); {weights}")
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocator's out-of-memory error (CUDA's ``OutOfMemoryError``, the
+    CPU allocator's ``RuntimeError``, Python's ``MemoryError``)."""
+    if isinstance(e, MemoryError | torch.OutOfMemoryError):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(
+        s in text for s in ("can't allocate memory", "not enough memory", "out of memory"))
 
 
 def run(gc: GenerateConfig, *, stdin: TextIO | None = None, out: TextIO | None = None,

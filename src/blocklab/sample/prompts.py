@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from blocklab.config.schema import GenerateConfig
 from blocklab.data.synthetic import SPECIALS, Vocab
-from blocklab.errors import ConfigError, DataError
+from blocklab.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.sample import Sampler
@@ -128,20 +128,31 @@ def unescape(text: str) -> str:
 
 
 def prompt_file(path: str) -> str:
-    """The whole content of ``prompt_file``; a missing, unreadable or empty file refused."""
+    """The whole content of ``prompt_file``; a missing file, a directory, an unreadable, not
+    UTF-8 or empty file refused, naming it."""
     p = Path(path)
+
+    def refused(rule: str) -> ConfigError:
+        return ConfigError(f"config error: prompt_file={path!r}: {rule}")
+
+    if p.is_dir():
+        raise refused("is a directory (a text file is required)")
+    if not p.exists():
+        raise refused("no such file")
     if not p.is_file():
-        raise ConfigError(f"config error: prompt_file={path!r}: no such file")
+        raise refused("not a regular file (a text file is required)")
     try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"prompt_file {path}: not UTF-8 text (byte {e.start})") from None
+        data = p.read_bytes()
     except OSError as e:
-        raise ConfigError(f"config error: prompt_file={path!r}: unreadable "
-                          f"({e.strerror or e})") from None
+        raise refused(f"unreadable ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise refused(f"not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset "
+                      f"{e.start}); save it as UTF-8") from None
     if not text.strip():  # an empty file is a mistake, not a request to sample from BOS
-        raise ConfigError(f"config error: prompt_file={path!r}: empty (no text to continue); "
-                          "write a prompt into it, or drop prompt_file to sample from BOS")
+        raise refused("empty (no text to continue); write a prompt into it, or drop "
+                      "prompt_file to sample from BOS")
     return text
 
 

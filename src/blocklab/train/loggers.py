@@ -42,7 +42,11 @@ def tensorboard(cfg: LoggerConfig, run_dir: Path) -> list:
 
 
 def wandb(cfg: LoggerConfig, run_dir: Path) -> list:
+    """wandb, writing its run into ``<run dir>/wandb/`` (offline unless ``logger.mode``); the
+    places it will write are checked first (:func:`check_wandb_dirs`)."""
     from lightning.pytorch.loggers import WandbLogger
+
+    check_wandb_dirs(cfg, run_dir)
 
     class BlocklabWandb(WandbLogger):
         """Checkpoints as artifacts when ``logger.log_checkpoints`` (blocklab's checkpoints are
@@ -66,6 +70,38 @@ def wandb(cfg: LoggerConfig, run_dir: Path) -> list:
     return [BlocklabWandb(project=cfg.project, save_dir=str(run_dir), mode=cfg.mode,
                           name=cfg.run_name or run_dir.name, group=cfg.group,
                           tags=list(cfg.tags) or None)]
+
+
+def check_wandb_dirs(cfg: LoggerConfig, run_dir: Path) -> None:
+    """Refuse, before the first step, a directory wandb would fail to write in mid-run: its
+    run's ``<run dir>/wandb`` (a file there: wandb's own traceback at start-up), and with
+    ``logger.log_checkpoints`` the folders it copies every checkpoint through — the staging
+    folder under ``WANDB_DATA_DIR`` (``~/.local/share/wandb``: a read-only home stopped the
+    run at its first checkpoint) and the artifact cache under ``WANDB_CACHE_DIR``. One line
+    each, naming the path and what moves it (exit 6). ``logger.mode=disabled`` writes
+    nothing."""
+    if cfg.mode == "disabled":
+        return
+    from wandb import env
+
+    from blocklab.errors import StorageError
+    from blocklab.runlock import writable_dir
+
+    places = [(run_dir / "wandb", "logger=wandb: wandb's directory",
+               "it is always <run dir>/wandb: choose another run_dir=")]
+    if cfg.log_checkpoints:
+        places += [
+            (Path(env.get_data_dir()) / "artifacts" / "staging",
+             "logger.log_checkpoints=true: wandb stages checkpoints in",
+             "set WANDB_DATA_DIR to a writable directory, or logger.log_checkpoints=false"),
+            (Path(env.get_cache_dir()) / "artifacts",
+             "logger.log_checkpoints=true: wandb caches checkpoints in",
+             "set WANDB_CACHE_DIR to a writable directory, or logger.log_checkpoints=false")]
+    for path, what, hint in places:
+        try:
+            writable_dir(path.expanduser(), what)
+        except StorageError as e:
+            raise StorageError(e.errno, f"{e.args[-1]}; {hint}") from None
 
 
 def many(cfg: LoggerConfig, run_dir: Path) -> list:
