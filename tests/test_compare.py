@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -400,3 +401,20 @@ def test_an_old_summarys_number_takes_its_step_from_the_curve_when_they_agree(
     assert (row["val_loss"], row["val_loss_step"], row["train_loss_step"]) == (2.5, 10, 20)
     assert row["tokens_per_s_step"] is None  # 12345 in the summary, 9 in the curve: unknown
     assert "2.5 (step 10)" in compare.markdown_table([row])
+
+
+def test_a_fifo_in_a_run_directory_is_no_file_and_blocks_nothing(tmp_path: Path) -> None:
+    """Someone's run directory whose summary, checkpoint meta.json and metrics.csv are FIFOs:
+    opening one would wait for a writer for ever. blocklab-compare (a fresh interpreter; the
+    timeout is only a safety net) reads them as missing and still prints the run."""
+    run = make_run(tmp_path, "r", make_config("rope", 1), checkpoints={4: None})
+    for f in (run / "summary.json", run / "checkpoints" / "step-000004" / "meta.json",
+              run / "logs" / "version_0" / "metrics.csv"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        os.mkfifo(f)
+    code = (f"from blocklab import compare; import sys; "
+            f"sys.exit(compare.main([{str(run)!r}, '--out', {str(tmp_path / 'out')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "| r |" in proc.stdout or "| r " in proc.stdout, proc.stdout

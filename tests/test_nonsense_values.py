@@ -101,6 +101,7 @@ def test_commands_refuse_a_non_finite_value_in_one_line(tmp_path, capfd, tool, a
 @pytest.mark.parametrize(("args", "line"), [
     (["batch_size=-2"], "batch_size=-2: must be an integer >= 1"),
     (["seq_len=-5"], "seq_len=-5: must be an integer >= 1"),
+    (["seq_len=0"], "seq_len=0: must be an integer >= 1"),  # 0 once meant null
     (["bytes_per_value=0"], "bytes_per_value=0: must be an integer >= 1 (2 = bf16/fp16, "
                             "4 = fp32)"),
     (["model.n_layers=10001"], "model.n_layers=10001: must be <= 10,000 (blocklab's bound on "

@@ -276,7 +276,7 @@ def _estimate(cfg: DictConfig) -> None:
     from blocklab.model.estimate import estimate, table
 
     m = model_config(cfg.model)
-    seq_len = cfg.seq_len or m.max_seq_len
+    seq_len = m.max_seq_len if cfg.seq_len is None else cfg.seq_len  # 0 is refused, not null
     e = estimate(m, batch=cfg.batch_size, seq_len=seq_len, bytes_per_value=cfg.bytes_per_value)
     print(table(m, e, batch=cfg.batch_size, seq_len=seq_len, bytes_per_value=cfg.bytes_per_value))
 

@@ -41,7 +41,10 @@ class CompareError(ValueError):
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``; None when missing, half-written or not an object."""
+    """A JSON object from ``path``; None when missing, half-written, not an object or not a
+    regular file (a FIFO in someone's run directory would block ``read_text`` for ever)."""
+    if not path.is_file():
+        return None
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -145,6 +148,8 @@ def read_curves(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     files = sorted(Path(run_dir).glob("logs/version_*/metrics.csv"), key=_version_key)
     series: dict[str, dict[int, float]] = {}
     for f in files:
+        if not f.is_file():  # a FIFO or a directory is no log
+            continue
         try:
             with f.open(newline="") as fh:
                 for row in csv.DictReader(fh):

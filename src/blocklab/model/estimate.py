@@ -195,7 +195,7 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
     sum of the layers' own state sizes. ``batch``, ``seq_len`` and ``bytes_per_value`` are
     checked (blocklab-estimate's ``batch_size``, ``seq_len``, ``bytes_per_value``), and the
     model as training checks it for that length (:func:`check_estimate`)."""
-    t = seq_len or m.max_seq_len
+    t = m.max_seq_len if seq_len is None else seq_len  # 0 is checked, not taken as None
     check_estimate(m, batch=batch, seq_len=t, bytes_per_value=bytes_per_value)
     with one_run():
         cross_layers = sum(n for n, cross, _ in stacks_of(m) if cross)
