@@ -10,6 +10,7 @@ scheduler and loop state.
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 import re
@@ -65,6 +66,7 @@ class LitModel(L.LightningModule):
         self.last_row: dict[str, float] = {}  # the row train/metrics.py made last, and its step
         self.last_row_step: int | None = None
         self._step_loss: float | None = None  # the last optimizer step's loss
+        self._step_lr: float | None = None  # the learning rate the last optimizer step ran with
         # the best checkpoint so far (train/best.py), and the (metric, mode) that decides it
         self.best: dict[str, Any] | None = None
         self.best_rule = best_rule(cfg)
@@ -106,6 +108,7 @@ class LitModel(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._step_lr = float(optimizer.param_groups[0]["lr"])  # the rate this step runs with
         norms = [p.grad.norm() for p in self.parameters() if p.grad is not None]
         if norms and not torch.isfinite(torch.stack(norms)).all():
             self._skip_or_stop("non-finite gradient")
@@ -164,7 +167,9 @@ class LitModel(L.LightningModule):
         row: dict[str, float] = {}
         if self._step_loss is not None:
             row["train/loss"] = self._step_loss
-        row["train/lr"] = float(self.trainer.optimizers[0].param_groups[0]["lr"])
+        # the rate the step ran with: the scheduler has moved the optimizer's on by now
+        row["train/lr"] = (self._step_lr if self._step_lr is not None
+                           else float(self.trainer.optimizers[0].param_groups[0]["lr"]))
         row["train/tokens_seen"] = float(self.tokens_seen)
         now = time.perf_counter()
         if self._t_last is not None and now > self._t_last:
@@ -229,6 +234,10 @@ class LitModel(L.LightningModule):
     # -------------------------------------------------------------------------- optimizer
     def configure_optimizers(self) -> dict[str, Any]:
         opt = build_optimizer(self.model, self.cfg.optim)
+        # the config's hyper-parameters of each group, before a resume restores the
+        # checkpoint's over them (:meth:`on_train_start` puts these back)
+        self._configured = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                            for g in opt.param_groups]
         fn = lookup("schedule", self.cfg.schedule.name)
         max_steps = self.cfg.trainer.max_steps
         lam = functools.partial(fn, cfg=resolved(self.cfg.schedule, max_steps),
@@ -237,17 +246,30 @@ class LitModel(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """The learning rate of the next step from this run's schedule. A resume restores the
-        optimizer's rate as the checkpoint's schedule left it; with another
-        ``trainer.max_steps`` that is the old length's, so the first resumed step would use
-        it. Recomputed here, every step of the resumed run has the rate a run of the new length
-        has at that step (the same value, bit for bit, when the length is unchanged)."""
+        """Every hyper-parameter of the optimizer and the schedule is this run's config's. A
+        resume restores the optimizer's groups (learning rate, weight decay, betas, eps, ...)
+        and the scheduler's base rates as the checkpoint saved them, and the optimizer's rate
+        as the checkpoint's schedule left it; a resume that changes any of them would train
+        with the old ones. Put back here — the groups' settings as the config builds them, the
+        schedule's base rate ``optim.lr``, and the rate of the next step from this run's
+        schedule (``trainer.max_steps`` and ``schedule.*`` included) — every resumed step runs
+        with what a run of this config has at that step: the same values, bit for bit, when
+        nothing changed."""
+        configured = getattr(self, "_configured", None)
+        if configured is not None:
+            optimizer = self.trainer.optimizers[0]
+            for group, mine in zip(optimizer.param_groups, configured, strict=True):
+                group.update(copy.deepcopy(mine))
+                group["initial_lr"] = mine["lr"]
         for config in self.trainer.lr_scheduler_configs:
             sched = config.scheduler
             if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
                 continue
+            groups = sched.optimizer.param_groups
+            if configured is not None:
+                sched.base_lrs = [group["initial_lr"] for group in groups]
             lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
-            for group, lr in zip(sched.optimizer.param_groups, lrs):
+            for group, lr in zip(groups, lrs):
                 group["lr"] = lr
             sched._last_lr = lrs
 
