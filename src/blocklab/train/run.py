@@ -21,7 +21,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_train
 from blocklab.config.migrate import legacy_config, legacy_layout
+from blocklab.eval.report import strict_json
 from blocklab.eval.rundata import listing, record, sources_changed
+from blocklab.files import write_text_atomic
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 from blocklab.runlock import run_lock, writable_dir
 from blocklab.train.best import cadence_warning, say
@@ -35,7 +37,15 @@ from blocklab.train.metrics import reconcile
 from blocklab.train.optim import warmup_warning
 from blocklab.train.probing import final_probes, probe_callbacks
 from blocklab.train.result import RunDir
-from blocklab.train.resume import check_resume, open_target, resumed_config
+from blocklab.train.resume import (
+    changes,
+    check_resume,
+    open_target,
+    recorded_changes,
+    refuse_before_data,
+    refuse_data_change,
+    resumed_config,
+)
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -85,6 +95,9 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
         if cfg.get("resume"):  # owns the run directory, then reads the checkpoint's config
             loaded = open_target(str(cfg.resume), owner, child=ddp_child())
             cfg, overrides = resumed_config(cfg, overrides, loaded)
+            # what the configs alone refuse, before the config is validated or data is read
+            refuse_before_data(_stored(loaded), plain_config(cfg), target=str(cfg.resume),
+                               allow_data_change=bool(cfg.get("allow_data_change")))
         elif cfg.get("init_from"):  # the architecture (and tokenizer) come from the source
             from blocklab.train.init import apply_init_from
 
@@ -104,12 +117,29 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
             from blocklab.train.init import check_tokenizer
 
             check_tokenizer(init, streams.tokenizer, streams.specials.to_dict())
+        sources = record(tc.data)  # text: which files (to name those that change later)
+        changed = None
+        if old is not None:  # other data refused before the model is sized to its tokenizer
+            changed = sources_changed(old.get("data_sources"), sources or listing(tc.data))
+            refuse_data_change(old, changes(old, plain_config(cfg)), changed=changed,
+                               allow_data_change=tc.allow_data_change,
+                               fingerprints=_fingerprints(streams))
         size_vocabulary(tc, cfg, streams.vocab_size)
         if resume_from is None and not ddp_child():
             writable_dir(run_dir, "run directory")  # the first write, once all above is valid
             owner.enter_context(run_lock(run_dir, "train"))
             refuse_fresh_run_over_checkpoints(run_dir)
-        return RunDir(_launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init))
+        return RunDir(_launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init,
+                              sources=sources, changed=changed))
+
+
+def _stored(loaded: ckpt.Loaded) -> dict[str, Any]:
+    """A checkpoint's metadata, its config as read through the schema (plain data)."""
+    return {**loaded.meta, "config": plain_config(OmegaConf.structured(loaded.config))}
+
+
+def _fingerprints(streams) -> dict[str, str]:
+    return {"data_fingerprint": streams.fingerprint, "tokenizer_hash": text_hash(streams.tokenizer)}
 
 
 #: model.vocab_size this far above the tokenizer's size is said (a factor, and at least so many
@@ -143,8 +173,7 @@ def _target(tc: TrainConfig, loaded: ckpt.Loaded | None
     """(checkpoint to resume from, as read, its metadata — its config as read through the
     schema —, run directory)."""
     if loaded is not None:
-        stored = plain_config(OmegaConf.structured(loaded.config))
-        return loaded, {**loaded.meta, "config": stored}, ckpt.run_dir_of(tc.resume)
+        return loaded, _stored(loaded), ckpt.run_dir_of(tc.resume)
     if ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
         return None, None, Path(os.environ["BLOCKLAB_RUN_DIR"])
     return None, None, Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
@@ -152,19 +181,17 @@ def _target(tc: TrainConfig, loaded: ckpt.Loaded | None
 
 def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
             resume_from: ckpt.Loaded | None, old: dict[str, Any] | None,
-            overrides: list[str] | None, init=None) -> Path:
+            overrides: list[str] | None, init=None, *, sources: list | None = None,
+            changed: str | None = None) -> Path:
     """Check a resume against its checkpoint, write the run's files (rank 0), and fit."""
     from blocklab.model.estimate import count_params
 
     os.environ["BLOCKLAB_RUN_DIR"] = str(run_dir)  # inherited by DDP child processes
     plain = plain_config(cfg)
     tok_hash = text_hash(streams.tokenizer)
-    sources = record(tc.data)  # text: which files (to name those that change later)
     if old is not None:
-        changed = sources_changed(old.get("data_sources"), sources or listing(tc.data))
-        allowed, warned = check_resume(
-            old, plain, allow_data_change=tc.allow_data_change, changed=changed,
-            fingerprints={"data_fingerprint": streams.fingerprint, "tokenizer_hash": tok_hash})
+        allowed, warned = check_resume(old, plain, allow_data_change=tc.allow_data_change,
+                                       changed=changed, fingerprints=_fingerprints(streams))
         for note in [*allowed, *(f"warning: {w}" for w in warned)]:
             print(note, file=sys.stderr)
     meta = {
@@ -180,6 +207,8 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
         "params": count_params(tc.model), "config_hash": config_hash(legacy_config(plain)),
         # where the run's relative paths are read from (a resume elsewhere keeps the first)
         "cwd": (old or {}).get("cwd") or os.getcwd(),
+        # each key a resume changed, and the first step it applied to (every resume's)
+        "resume_changes": recorded_changes(old, plain) if old is not None else [],
     }
     if sources is not None:
         meta["data_sources"] = sources
@@ -207,16 +236,31 @@ def _write_run_files(run_dir: Path, meta: dict[str, Any], old: dict[str, Any] | 
     ckpt.clean_partial(run_dir)
     name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
     (run_dir / name).write_text(meta["config_yaml"])
-    if not (run_dir / "run.json").exists():  # what the run is, readable without torch
+    info = run_dir / "run.json"  # what the run is, readable without torch
+    if not info.exists():
         keep = ("params", "arch_hash", "config_hash", "tokenizer_hash", "data_fingerprint",
-                "versions", "git", "overrides", "created", "run_dir")
-        (run_dir / "run.json").write_text(json.dumps({k: meta[k] for k in keep}, indent=2))
+                "versions", "git", "overrides", "created", "run_dir", "resume_changes")
+        info.write_text(strict_json({k: meta[k] for k in keep}, indent=2))
+    elif old is not None and (first := _json_object(info)) is not None:
+        # the first launch's record, with what every resume changed since (an unreadable one
+        # is left as it is: the checkpoints and summary.json hold the same record)
+        write_text_atomic(info, strict_json({**first, "resume_changes": meta["resume_changes"]},
+                                            indent=2))
     if old is not None:
         moved = reconcile(run_dir, int(old["step"]))
         if moved:
             print(f"resume: {moved} log rows from step {old['step']} on (written before the "
                   "interruption) moved to logs/*/metrics.superseded.csv; the resumed run "
                   "writes them again", file=sys.stderr)
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None when it holds none)."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _close_process_group() -> None:
