@@ -24,6 +24,7 @@ from blocklab.config import (
     validate_run_probe_spec,
 )
 from blocklab.config.stored import stored_config
+from blocklab.eval.report import strict_json
 
 
 def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
@@ -72,7 +73,7 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
         result["val_accuracy"] = summed.accuracy
     out_dir = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "val.json").write_text(json.dumps(result, indent=2))
+    (out_dir / "val.json").write_text(strict_json(result, indent=2))
     return result
 
 
@@ -153,7 +154,7 @@ def corpus_loss(loaded: ckpt.Loaded, data: DataConfig, *, model: torch.nn.Module
               "of_sequences": streams.val_examples, "description": streams.description,
               "arch_hash": loaded.meta["arch_hash"], "file": str(file)}
     out.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(result, indent=2))
+    file.write_text(strict_json(result, indent=2))
     return result
 
 
