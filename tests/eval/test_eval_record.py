@@ -95,7 +95,6 @@ def test_a_length_past_a_learned_position_table_is_refused_naming_it(runs, tmp_p
 @pytest.mark.parametrize(("args", "line"), [
     (["data.val_fraction=0.5"], "config error: data.val_fraction=0.5: not read by blocklab-eval "
                                 "data= (it scores every sequence"),
-    (["data.num_workers=2"], "config error: data.num_workers=2: not read by blocklab-eval data="),
     (["data.batch_size=2", "batch_size=4"], "config error: data.batch_size=2: batch_size=4 is "
                                             "given too; give one"),
     (["data.seq_len=4"], "config error: data.seq_len=4: must be >= 8"),
@@ -162,23 +161,20 @@ def test_a_probe_kinds_nan_is_written_as_strict_json(tmp_path, capfd, monkeypatc
     strict((run / "run.json").read_text())
 
 
-def test_a_nan_validation_loss_is_written_as_strict_json(tmp_path, capfd):
-    """A checkpoint whose weights hold a NaN: its val.json says so in JSON (before: ``NaN``)."""
-    from blocklab.config import compose
-    from blocklab.train.run import train
-
-    src = tmp_path / "src"
-    train(compose("train", ["experiment=smoke", "trainer.max_steps=2", "probes=none",
-                            "trainer.ckpt_every_steps=2", "trainer.val_every_steps=2",
-                            f"run_dir={src}"]))
-    (newest,) = ckpt.list_checkpoints(src)
+def test_a_nan_validation_loss_is_written_as_strict_json(runs, tmp_path, capfd):
+    """A checkpoint whose weights are NaN: its val.json and data-*.json say so in JSON (before:
+    a bare ``NaN``)."""
+    newest = ckpt.list_checkpoints(runs["rope"])[-1]
     state = torch.load(newest / ckpt.STATE, weights_only=True)
     state["state_dict"] = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
                            for k, v in state["state_dict"].items()}
     run = tmp_path / "run"
     ckpt.write_checkpoint(run / "checkpoints" / newest.name, state)
     out = tmp_path / "out"
-    r = run_cli(capfd, "blocklab-eval", f"ckpt={run}", "probes=none", f"out={out}")
+    r = _eval(capfd, run, out, "run_data=true", f"data.files=[{runs['text']}]")
     assert r.returncode == 0, r.stderr[-3000:]
     saved = strict((out / "val.json").read_text())
     assert saved["val_loss"] is None and saved["non_finite"] == {"val_loss": "nan"}
+    corpus = _result(out)
+    assert corpus["loss"] is None and corpus["perplexity"] is None
+    assert corpus["non_finite"] == {"loss": "nan", "perplexity": "nan"}

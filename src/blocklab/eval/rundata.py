@@ -175,7 +175,7 @@ def corpus_config(loaded: Any, data: DataConfig, given: frozenset[str] = frozens
     would not read is refused."""
     from blocklab import registry
     from blocklab.config.checks import require
-    from blocklab.config.validate_data import LONG_DOCUMENTS
+    from blocklab.config.schema import LONG_DOCUMENTS
 
     for key in sorted(given):
         require(key in RUN_READING or key in CORPUS_KEYS, f"data.{key}", getattr(data, key, None),
