@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import secrets
 import sys
@@ -21,9 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from blocklab import checkpoint as ckpt
 from blocklab.config import ConfigError, TrainConfig, model_to_dict, validate_train
 from blocklab.config.migrate import legacy_config, legacy_layout
-from blocklab.eval.report import strict_json
 from blocklab.eval.rundata import listing, record, sources_changed
-from blocklab.files import write_text_atomic
 from blocklab.provenance import arch_hash, config_hash, git_info, text_hash, versions
 from blocklab.runlock import run_lock, writable_dir
 from blocklab.train.best import cadence_warning, say
@@ -33,7 +30,6 @@ from blocklab.train.flops import (  # noqa: F401  (re-exported: train.run.GPU_PE
     measure_peak_flops,
     peak_flops_for,
 )
-from blocklab.train.metrics import reconcile
 from blocklab.train.optim import warmup_warning
 from blocklab.train.probing import final_probes, probe_callbacks
 from blocklab.train.result import RunDir
@@ -46,6 +42,7 @@ from blocklab.train.resume import (
     refuse_data_change,
     resumed_config,
 )
+from blocklab.train.runfiles import write_run_files
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -217,7 +214,7 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
     elif old is not None and "init_from" in old:  # a resumed init_from run stays one
         meta["init_from"] = old["init_from"]
     if not ddp_child():
-        _write_run_files(run_dir, meta, old)
+        write_run_files(run_dir, meta, old)
     from blocklab.train.quiet import lightning_quiet
 
     try:
@@ -228,39 +225,6 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
     finally:
         os.environ.pop("BLOCKLAB_RUN_DIR", None)
         _close_process_group()
-
-
-def _write_run_files(run_dir: Path, meta: dict[str, Any], old: dict[str, Any] | None) -> None:
-    """Clean a killed save's leftovers, write the resolved config (one per resume) and
-    ``run.json``; on resume, set aside log rows the resumed run writes again."""
-    ckpt.clean_partial(run_dir)
-    name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
-    (run_dir / name).write_text(meta["config_yaml"])
-    info = run_dir / "run.json"  # what the run is, readable without torch
-    if not info.exists():
-        keep = ("params", "arch_hash", "config_hash", "tokenizer_hash", "data_fingerprint",
-                "versions", "git", "overrides", "created", "run_dir", "resume_changes")
-        info.write_text(strict_json({k: meta[k] for k in keep}, indent=2))
-    elif old is not None and (first := _json_object(info)) is not None:
-        # the first launch's record, with what every resume changed since (an unreadable one
-        # is left as it is: the checkpoints and summary.json hold the same record)
-        write_text_atomic(info, strict_json({**first, "resume_changes": meta["resume_changes"]},
-                                            indent=2))
-    if old is not None:
-        moved = reconcile(run_dir, int(old["step"]))
-        if moved:
-            print(f"resume: {moved} log rows from step {old['step']} on (written before the "
-                  "interruption) moved to logs/*/metrics.superseded.csv; the resumed run "
-                  "writes them again", file=sys.stderr)
-
-
-def _json_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path`` (None when it holds none)."""
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _close_process_group() -> None:
@@ -296,8 +260,8 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
         torch.set_num_threads(t.threads)
     L.seed_everything(tc.seed, workers=True, verbose=False)
     flops = estimate(tc.model, seq_len=tc.data.seq_len).train_flops_per_token
-    lit = LitModel(tc, meta=meta, flops_per_token=flops,
-                   peak_flops=peak_flops_for(t))
+    lit = LitModel(tc, meta=meta, flops_per_token=flops, peak_flops=peak_flops_for(t),
+                   resumed_optim=resume_from.config.optim if resume_from is not None else None)
     if init_state is not None:  # pretrained weights; the optimizer starts fresh
         lit.model.load_state_dict(init_state, strict=True)
     if t.compile:
