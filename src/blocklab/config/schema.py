@@ -330,8 +330,8 @@ class EvalConfig:
     run_data: str = "auto"
     # another corpus to compute the loss and perplexity on ('data.files=[...]' or
     # data.val_files, or a data= option): its sources and reading format from here, tokenized
-    # with the checkpoint's own tokenizer; sequence length, packing and masking from the run.
-    # No sources = none.
+    # with the checkpoint's own tokenizer; sequence length, packing and masking from the run
+    # unless the command line sets them (eval/rundata.py corpus_config). No sources = none.
     data: DataConfig = field(default_factory=lambda: DataConfig(name=DataName.text))
 
 

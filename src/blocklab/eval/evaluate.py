@@ -19,11 +19,14 @@ import torch
 
 from blocklab import checkpoint as ckpt
 from blocklab.config import (
+    ConfigError,
     DataConfig,
     TrainConfig,
     validate_run_probe_spec,
 )
 from blocklab.config.stored import stored_config
+from blocklab.eval.report import strict_json
+from blocklab.eval.rundata import corpus_config
 
 
 def stored_train_config(meta: dict[str, Any]) -> TrainConfig:
@@ -72,7 +75,7 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
         result["val_accuracy"] = summed.accuracy
     out_dir = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "val.json").write_text(json.dumps(result, indent=2))
+    (out_dir / "val.json").write_text(strict_json(result, indent=2))
     return result
 
 
@@ -111,26 +114,29 @@ def summed_loss(model: torch.nn.Module, objective: Any, make: Callable[..., Any]
 @torch.no_grad()
 def corpus_loss(loaded: ckpt.Loaded, data: DataConfig, *, model: torch.nn.Module,
                 batches: int | None = None, batch_size: int | None = None,
-                out_dir: str | Path | None = None) -> dict[str, Any]:
+                out_dir: str | Path | None = None, given: Iterable[str] = ()) -> dict[str, Any]:
     """``blocklab-eval ckpt=... data=...``: the loss and perplexity of the checkpoint's model on
     every sequence of another corpus (the first ``batches`` batches when given), tokenized
-    with the checkpoint's tokenizer (eval/rundata.py ``corpus_streams``); written to
-    ``out_dir/data-<fingerprint>.json`` (default ``<run dir>/eval/<checkpoint>/``), the
-    corpus's fingerprint in the name, so results on different corpora never overwrite
-    each other."""
+    with the checkpoint's tokenizer and read as eval/rundata.py ``corpus_config`` says (the
+    run's sequence length, packing and masking, unless ``given`` — the ``data.*`` fields the
+    command line set — names one); written to ``out_dir/data-<fingerprint>.json`` (default
+    ``<run dir>/eval/<checkpoint>/``), the corpus's fingerprint (reading included) in the
+    name, so results on different corpora never overwrite each other."""
     import math
 
     from blocklab.data.splits import validation_source
-    from blocklab.eval.rundata import corpus_streams, describe
+    from blocklab.eval.rundata import RUN_READING, corpus_config, corpus_streams, describe
     from blocklab.objectives import build_objective
     from blocklab.progress import Progress
 
     say = Progress("eval")
+    given = frozenset(given)
+    data, _ = corpus_config(loaded, data, given)
     out = Path(out_dir) if out_dir is not None else loaded.run_dir / "eval" / loaded.name
     if json.loads(loaded.meta["tokenizer"]).get("kind") != "synthetic":  # else refused below
         say(f"reading {describe(data)} with the checkpoint's tokenizer (prepared once, then "
             "cached)")
-    streams, data = corpus_streams(loaded, data, Path(out_dir or loaded.run_dir / "eval"))
+    streams = corpus_streams(loaded, data, Path(out_dir or loaded.run_dir / "eval"))
     size = batch_size or loaded.config.data.batch_size
     n = streams.val_examples if not batches else min(streams.val_examples, batches * size)
     objective = build_objective(loaded.config.model.family.name, data, streams.specials)
@@ -151,9 +157,12 @@ def corpus_loss(loaded: ckpt.Loaded, data: DataConfig, *, model: torch.nn.Module
               "data": what if source is not None else describe(data), "fingerprint": streams.fingerprint, "loss": loss,
               "perplexity": math.exp(min(loss, 700.0)), "tokens": count, "sequences": n,
               "of_sequences": streams.val_examples, "description": streams.description,
-              "arch_hash": loaded.meta["arch_hash"], "file": str(file)}
+              "arch_hash": loaded.meta["arch_hash"], "file": str(file),
+              # how the text was read, and which of it the command line set (else the run's)
+              "reading": {k: getattr(data, k) for k in RUN_READING},
+              "reading_from_command_line": [k for k in RUN_READING if k in given]}
     out.mkdir(parents=True, exist_ok=True)
-    file.write_text(json.dumps(result, indent=2))
+    file.write_text(strict_json(result, indent=2))
     return result
 
 
@@ -179,7 +188,8 @@ def result_lines(r: dict[str, Any]) -> list[str]:
 
 def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = None,
                         batch_size: int | None = None, out: str | Path | None = None,
-                        run_data: str = "auto", data: DataConfig | None = None
+                        run_data: str = "auto", data: DataConfig | None = None,
+                        data_keys: Iterable[str] | None = None
                         ) -> tuple[dict[str, Any], Any]:
     """``blocklab-eval ckpt=...``: validation loss — with ``data`` (a data config naming text),
     the loss and perplexity on that corpus instead (and the run's own too with
@@ -189,12 +199,20 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
     go under the run directory, which is then held like a training process holds it (one
     owner at a time). The checkpoint is resolved, verified and loaded once — of a run still
     training, its newest complete checkpoint — and everything is checked (the destination
-    writable, the run free, the probe grid against the run's vocabulary) before the first
-    file is written."""
+    writable, the run free, the probe grid against the run's vocabulary, the corpus's reading
+    against the model) before the first file is written. ``data_keys``: the ``data.*`` fields
+    set on purpose — read as given, not taken from the run (default: those the command line
+    set; from Python, none)."""
     from blocklab.config import has_sources
     from blocklab.runlock import run_lock, writable_dir
 
-    data = data if has_sources(data) else None  # a data config naming no text: no corpus
+    given = frozenset(command_line_keys("data") if data_keys is None else data_keys)
+    if not has_sources(data):  # a data config naming no text: no corpus
+        _refuse_unread(data, given)
+        data = None
+    # the corpus's batches: batch_size / val_batches, or data.batch_size / data.val_batches
+    sizes = {k: _one_of(k, v, data) if data is not None and k in given else v
+             for k, v in (("batch_size", batch_size), ("val_batches", val_batches))}
     if out is not None:
         owner = contextlib.nullcontext(writable_dir(out, "out="))
     else:
@@ -206,6 +224,9 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
         loaded = ckpt.read(target)
         if spec.enabled:  # the grid that fits the run's tokenizer, checked before any work
             spec = validate_run_probe_spec(spec, loaded.config)
+        if data is not None:  # how the corpus is read, checked against the model, said
+            for note in corpus_config(loaded, data, given)[1]:
+                _stderr(note)
         model, _ = ckpt.model_of(loaded)
         loaded = dataclasses.replace(loaded, weights={})  # the model holds them now
         own = data is None or run_data != "auto"  # with data=, the run's loss only if asked
@@ -219,13 +240,58 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
             result = validation_loss(loaded, batches=val_batches, batch_size=batch_size,
                                      out_dir=out, run_data=run_data, model=model, keep=kept)
         if data is not None:
-            result["corpus"] = corpus_loss(loaded, data, model=model, batches=val_batches,
-                                           batch_size=batch_size, out_dir=out)
+            result["corpus"] = corpus_loss(loaded, data, model=model,
+                                           batches=sizes["val_batches"],
+                                           batch_size=sizes["batch_size"], out_dir=out,
+                                           given=given)
         validation = (validation_text(kept["streams"], kept["streams"].specials)
                       if "streams" in kept else None)
         probes = (probe_checkpoint(loaded, spec, out=probe_out(out, spec), model=model,
                                    validation=validation) if spec.enabled else None)
     return result, probes
+
+
+def command_line_keys(section: str) -> set[str]:
+    """The fields of ``section`` (``data``) the command line sets (``data.seq_len=4096`` ->
+    ``seq_len``; a group option, ``data=text_files``, sets none by name); none outside a
+    Hydra command."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if not HydraConfig.initialized():
+        return set()
+    keys = set()
+    for text in HydraConfig.get().overrides.task:
+        try:
+            (parsed,) = OverridesParser.create().parse_overrides([text])
+        except HydraException:
+            continue
+        key = parsed.key_or_group
+        if key.startswith(section + "."):
+            keys.add(key[len(section) + 1:].split(".")[0])
+    return keys
+
+
+def _refuse_unread(data: DataConfig | None, given: frozenset[str]) -> None:
+    """``data.*`` keys given without a corpus to apply them to are refused: the run's own
+    validation loss reads the run's data as the run read it."""
+    if given:
+        key = sorted(given)[0]
+        raise ConfigError(f"config error: data.{key}={getattr(data, key, None)!r}: a data key "
+                          "applies to another corpus (data.files, data.val_files or "
+                          "data=<option>), and none is named; the run's own validation loss "
+                          "(run_data) reads the run's data as it was trained")
+
+
+def _one_of(name: str, top: int | None, data: DataConfig) -> int | None:
+    """``batch_size`` / ``val_batches``, or the corpus's ``data.batch_size`` /
+    ``data.val_batches`` given instead; both given and different: refused."""
+    mine = getattr(data, name)
+    if top is not None and top != mine:
+        raise ConfigError(f"config error: data.{name}={mine}: {name}={top} is given too; give "
+                          "one")
+    return mine
 
 
 def probe_out(out: str | Path | None, spec) -> Path | None:

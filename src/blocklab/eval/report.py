@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import numbers
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,30 @@ from blocklab.files import write_dir_atomic
 
 if TYPE_CHECKING:
     from blocklab.eval.items import ProbeResult
+
+
+def strict_json(value: Any, **kw: Any) -> str:
+    """``value`` as strict JSON, what ``jq`` and ``JSON.parse`` read: every non-finite number
+    (NaN, inf: Python's ``json`` would write the bare tokens ``NaN`` / ``Infinity``, which are
+    not JSON) written as ``null``, and listed — dotted path -> ``"nan"``, ``"inf"`` or
+    ``"-inf"`` — under a top-level ``"non_finite"`` key, so a null that was a NaN says so.
+    Every JSON file blocklab writes of a run, an evaluation or a probe goes through here."""
+    found: dict[str, str] = {}
+    clean = _finite(value, "", found)
+    if found and isinstance(clean, dict):
+        clean = {**clean, "non_finite": found}
+    return json.dumps(clean, allow_nan=False, **kw)
+
+
+def _finite(value: Any, path: str, found: dict[str, str]) -> Any:
+    if isinstance(value, numbers.Real) and not math.isfinite(value):  # numpy's floats too
+        found[path] = "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), found) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v, f"{path}[{i}]", found) for i, v in enumerate(value)]
+    return value
 
 
 def _csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -57,7 +83,7 @@ def _write_files(result: ProbeResult, tmp: Path, train_length: int, plots: bool
     if plots:
         files.update(_plots(result, tmp, train_length))
     result.summary["files"] = files
-    (tmp / files["summary"]).write_text(json.dumps(result.summary, indent=2, default=str))
+    (tmp / files["summary"]).write_text(strict_json(result.summary, indent=2, default=str))
     return files
 
 

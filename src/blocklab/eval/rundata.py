@@ -152,18 +152,70 @@ def embedded_tokenizer(meta: dict[str, Any], root: Path) -> TokenizerConfig:
     return TokenizerConfig(name=TokenizerName.file, path=str(d))
 
 
-#: what an evaluation corpus takes from the run rather than from data= (how the model reads
-#: text: its training length, packing, masking)
+#: How the model reads the text of an evaluation corpus (``blocklab-eval data=``): the run's
+#: values, unless the command line sets one (``data.seq_len=4096``: then that one).
 RUN_READING = ("seq_len", "packing", "long_documents", "pad_to_multiple", "mlm_probability",
                "seed")
+#: The data keys an evaluation corpus reads besides RUN_READING: its sources, their format,
+#: where it is prepared, and (``data.batch_size`` / ``data.val_batches``, as ``batch_size`` /
+#: ``val_batches``) its batches. Any other data key set on the command line (a synthetic
+#: task's, ``data.val_fraction``, ``data.num_workers``) would do nothing: refused.
+CORPUS_KEYS = ("name", "files", "corpus", "format", "text_key", "documents", "hub_dataset",
+               "hub_split", "val_files", "val_split", "cache_dir", "num_proc", "fingerprint",
+               "utf8_errors", "batch_size", "val_batches")
 
 
-def corpus_streams(loaded: Any, data: DataConfig, dest: Path) -> tuple[Any, DataConfig]:
-    """(streams, data config) of another corpus (``blocklab-eval data=``): the sources and
-    reading format of ``data`` (the command line's), the run's RUN_READING, tokenized with the
-    checkpoint's own tokenizer and prepared under ``data.cache_dir`` (else
-    ``$BLOCKLAB_DATA_CACHE``, else ``dest/data-cache``). A checkpoint whose tokenizer is the
-    synthetic vocabulary tokenizes no text: refused."""
+def corpus_config(loaded: Any, data: DataConfig, given: frozenset[str] = frozenset()
+                  ) -> tuple[DataConfig, list[str]]:
+    """(the data config an evaluation corpus is read with, notes to say): ``data``'s sources
+    and format, and of RUN_READING the command line's where it set the key (``given``: the
+    ``data.*`` fields it set), the run's otherwise. A sequence length past the model's position
+    table is refused naming the table (a learned one); past the training length (a scheme
+    without a table: rotary, ALiBi, none) it is read and said. A data key the evaluation
+    would not read is refused."""
+    from blocklab import registry
+    from blocklab.config.checks import require
+    from blocklab.config.schema import LONG_DOCUMENTS
+
+    for key in sorted(given):
+        require(key in RUN_READING or key in CORPUS_KEYS, f"data.{key}", getattr(data, key, None),
+                "not read by blocklab-eval data= (it scores every sequence of the corpus's "
+                "validation source, else of all its sources, with the checkpoint's tokenizer)")
+    run, model = loaded.config.data, loaded.config.model
+    merged = dataclasses.replace(data, **{k: getattr(run, k) for k in RUN_READING
+                                          if k not in given})
+    require(merged.seq_len >= 8, "data.seq_len", merged.seq_len, "must be >= 8")
+    require(merged.pad_to_multiple is None or merged.pad_to_multiple >= 1, "data.pad_to_multiple",
+            merged.pad_to_multiple, "must be null (pad to the longest row) or >= 1")
+    require(0 < merged.mlm_probability <= 1, "data.mlm_probability", merged.mlm_probability,
+            "must be in (0, 1]")
+    require(merged.long_documents in LONG_DOCUMENTS, "data.long_documents",
+            merged.long_documents, f"one of {list(LONG_DOCUMENTS)}")
+    scheme = registry.lookup("position", model.position.name)
+    limit = scheme.positions_limit(model.position, max_seq_len=model.max_seq_len)
+    require(limit is None or merged.seq_len <= limit, "data.seq_len", merged.seq_len,
+            f"checkpoint {loaded.path}'s model has {model.position.name} positions, a table of "
+            f"{limit} (model.max_seq_len): it reads at most {limit} tokens (the run trained at "
+            f"{run.seq_len})")
+    notes = []
+    mine = [k for k in RUN_READING if k in given]
+    if mine:
+        said = ", ".join(f"data.{k}={getattr(merged, k)}" for k in mine)
+        theirs = ", ".join(f"data.{k}={getattr(merged, k)}" for k in RUN_READING
+                           if k not in given)
+        notes.append(f"eval: reading the corpus with {said} (the command line's)"
+                     + (f" and {theirs} (the run's)" if theirs else ""))
+    if merged.seq_len > run.seq_len:
+        notes.append(f"note: data.seq_len={merged.seq_len} is beyond the run's training length "
+                     f"({run.seq_len}): positions past {run.seq_len} were never trained")
+    return merged, notes
+
+
+def corpus_streams(loaded: Any, data: DataConfig, dest: Path) -> Any:
+    """The streams of another corpus (``blocklab-eval data=``), ``data`` as
+    :func:`corpus_config` made it, tokenized with the checkpoint's own tokenizer and prepared
+    under ``data.cache_dir`` (else ``$BLOCKLAB_DATA_CACHE``, else ``dest/data-cache``). A
+    checkpoint whose tokenizer is the synthetic vocabulary tokenizes no text: refused."""
     import os
 
     from blocklab.data.prepare import CACHE_ENV
@@ -174,8 +226,6 @@ def corpus_streams(loaded: Any, data: DataConfig, dest: Path) -> tuple[Any, Data
         raise ConfigError(f"config error: data={describe(data)}: checkpoint {loaded.path} uses "
                           "the synthetic task vocabulary, which tokenizes no text; data= is "
                           "for checkpoints of text runs (a synthetic run's own loss: run_data)")
-    run = loaded.config.data
     cache = data.cache_dir or os.environ.get(CACHE_ENV) or str(dest / CACHE)
-    merged = dataclasses.replace(data, cache_dir=cache,
-                                 **{k: getattr(run, k) for k in RUN_READING})
-    return build_eval_streams(merged, embedded_tokenizer(loaded.meta, Path(cache))), merged
+    data = dataclasses.replace(data, cache_dir=cache)
+    return build_eval_streams(data, embedded_tokenizer(loaded.meta, Path(cache)))

@@ -10,6 +10,7 @@ scheduler and loop state.
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 import re
@@ -22,7 +23,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
-from blocklab.config import TrainConfig
+from blocklab.config import OptimConfig, TrainConfig
 from blocklab.config.validate import best_rule
 from blocklab.data.tokenizer import Specials
 from blocklab.model import build_model
@@ -43,9 +44,13 @@ class NonFiniteError(FloatingPointError):
 
 class LitModel(L.LightningModule):
     def __init__(self, cfg: TrainConfig, *, meta: dict[str, Any] | None = None,
-                 flops_per_token: float = 0.0, peak_flops: float = 0.0) -> None:
+                 flops_per_token: float = 0.0, peak_flops: float = 0.0,
+                 resumed_optim: OptimConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        # a resume: the optimizer config the checkpoint's state was made with
+        self.resumed_optim = resumed_optim
+        self._changed_settings: list[dict[str, Any]] | None = None
         self.model = build_model(cfg.model)
         self.objective = build_objective(cfg.model.family.name, cfg.data,
                                          Specials.from_dict((meta or {}).get("specials")))
@@ -65,6 +70,7 @@ class LitModel(L.LightningModule):
         self.last_row: dict[str, float] = {}  # the row train/metrics.py made last, and its step
         self.last_row_step: int | None = None
         self._step_loss: float | None = None  # the last optimizer step's loss
+        self._step_lr: float | None = None  # the learning rate the last optimizer step ran with
         # the best checkpoint so far (train/best.py), and the (metric, mode) that decides it
         self.best: dict[str, Any] | None = None
         self.best_rule = best_rule(cfg)
@@ -106,6 +112,7 @@ class LitModel(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._step_lr = float(optimizer.param_groups[0]["lr"])  # the rate this step runs with
         norms = [p.grad.norm() for p in self.parameters() if p.grad is not None]
         if norms and not torch.isfinite(torch.stack(norms)).all():
             self._skip_or_stop("non-finite gradient")
@@ -164,7 +171,9 @@ class LitModel(L.LightningModule):
         row: dict[str, float] = {}
         if self._step_loss is not None:
             row["train/loss"] = self._step_loss
-        row["train/lr"] = float(self.trainer.optimizers[0].param_groups[0]["lr"])
+        # the rate the step ran with: the scheduler has moved the optimizer's on by now
+        row["train/lr"] = (self._step_lr if self._step_lr is not None
+                           else float(self.trainer.optimizers[0].param_groups[0]["lr"]))
         row["train/tokens_seen"] = float(self.tokens_seen)
         now = time.perf_counter()
         if self._t_last is not None and now > self._t_last:
@@ -229,6 +238,14 @@ class LitModel(L.LightningModule):
     # -------------------------------------------------------------------------- optimizer
     def configure_optimizers(self) -> dict[str, Any]:
         opt = build_optimizer(self.model, self.cfg.optim)
+        if self.resumed_optim is not None and self.resumed_optim != self.cfg.optim:
+            # each group's settings this config gives otherwise than the checkpoint's config
+            # did: a resume restores the checkpoint's over them (:meth:`on_train_start` puts
+            # these back). Only these: a setting an optimizer evolves in its groups stays its.
+            mine, theirs = _settings(opt), _settings(build_optimizer(self.model,
+                                                                     self.resumed_optim))
+            self._changed_settings = [{k: v for k, v in a.items() if k not in b or b[k] != v}
+                                      for a, b in zip(mine, theirs, strict=True)]
         fn = lookup("schedule", self.cfg.schedule.name)
         max_steps = self.cfg.trainer.max_steps
         lam = functools.partial(fn, cfg=resolved(self.cfg.schedule, max_steps),
@@ -237,17 +254,29 @@ class LitModel(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """The learning rate of the next step from this run's schedule. A resume restores the
-        optimizer's rate as the checkpoint's schedule left it; with another
-        ``trainer.max_steps`` that is the old length's, so the first resumed step would use
-        it. Recomputed here, every step of the resumed run has the rate a run of the new length
-        has at that step (the same value, bit for bit, when the length is unchanged)."""
+        """Every hyper-parameter of the optimizer and the schedule is this run's config's. A
+        resume restores the optimizer's groups (learning rate, weight decay, betas, eps, ...)
+        and the scheduler's base rates as the checkpoint saved them, and the optimizer's rate
+        as the checkpoint's schedule left it: a resume that changes any of them would train
+        with the old ones. Put back here — the group settings this config changes, the
+        schedule's base rate ``optim.lr``, and the rate of the next step from this run's
+        schedule (``trainer.max_steps`` and ``schedule.*`` included) — every resumed step runs
+        with what a run of this config has at that step: the same values, bit for bit, when
+        nothing changed."""
+        if self._changed_settings is not None:
+            groups = self.trainer.optimizers[0].param_groups
+            for group, changed in zip(groups, self._changed_settings, strict=True):
+                group.update(copy.deepcopy(changed))
+                if "lr" in changed:  # the schedule's base rate (LambdaLR's initial_lr)
+                    group["initial_lr"] = changed["lr"]
         for config in self.trainer.lr_scheduler_configs:
             sched = config.scheduler
             if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
                 continue
+            groups = sched.optimizer.param_groups
+            sched.base_lrs = [group["initial_lr"] for group in groups]
             lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
-            for group, lr in zip(sched.optimizer.param_groups, lrs):
+            for group, lr in zip(groups, lrs):
                 group["lr"] = lr
             sched._last_lr = lrs
 
@@ -285,6 +314,12 @@ class LitModel(L.LightningModule):
         world = self.trainer.world_size if self._trainer is not None else 1
         # The same world size restores each rank's own generator; otherwise rank 0's.
         self._pending_rng = ranks[rank] if len(ranks) == world else meta.get("rng")
+
+
+def _settings(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each parameter group's settings (everything but its parameters), copied."""
+    return [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+            for g in optimizer.param_groups]
 
 
 def peak_memory(device: torch.device) -> dict[str, float]:

@@ -22,6 +22,8 @@ fingerprint is refused, saying what changed and how to continue on the run's own
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 import sys
 from typing import Any
 
@@ -108,12 +110,45 @@ def stored_overrides(meta: dict[str, Any], where: str) -> list[str]:
         if "_target_" in o or _key(o)[0].startswith(("hydra.", "hydra/")):
             raise ckpt.CheckpointError(f"{where}: overrides[{i}]={o!r}: an instantiation or a "
                                        "Hydra setting in a stored override (refused: edited?)")
+        if _names_a_file(o):
+            raise ckpt.CheckpointError(f"{where}: overrides[{i}]={o!r}: a stored override may "
+                                       "name a config group's option, never a file by its path "
+                                       "(no '..', no absolute path; refused: edited?)")
     moved = [migrate_override(o) for o in orig]
     changed = [f"{o} -> {n}" for o, n in zip(orig, moved, strict=True) if o != n]
     if changed:
         print(f"note: {where}: overrides recorded by an earlier blocklab, migrated on read: "
               f"{'; '.join(changed)}", file=sys.stderr)
     return [o for o in moved if _key(o)[0] not in NOT_COMPOSED]
+
+
+def _names_a_file(override: str) -> bool:
+    """Whether ``override`` sets a config group (``model=...``, ``+experiment=...``,
+    ``model/position=...``, ``callbacks=[...]``: a key that is not a dotted one nor one of the
+    config's own values such as ``run_dir``) to a path — absolute, or climbing with ``..`` —
+    which Hydra would open as a YAML file wherever it points."""
+    key = _key(override)[0]
+    if "." in key or key in _value_keys():
+        return False
+    value = override.split("=", 1)[1] if "=" in override else ""
+    for token in re.split(r"[\[\],\s'\"]+", value):
+        parts = re.split(r"[/\\]", token)
+        if (token.startswith(("/", "\\", "~")) or "\\" in token or ".." in parts
+                or re.match(r"[A-Za-z]:", token) or "://" in token):
+            return True
+    return False
+
+
+@functools.cache
+def _value_keys() -> frozenset[str]:
+    """The training config's top-level keys that hold a value (``seed``, ``run_dir``, ...), not
+    a config group."""
+    import dataclasses
+
+    from blocklab.config import TrainConfig
+
+    return frozenset(f.name for f in dataclasses.fields(TrainConfig)
+                     if isinstance(f.default, str | int | float | bool | None))
 
 
 def merge_overrides(orig: list[str], new: list[str]) -> list[str]:
@@ -194,6 +229,60 @@ def apply_delta(cfg: DictConfig, delta: list[tuple[str, Any, Any]]) -> None:
                     del node[leaf]
 
 
+#: Keys whose change means other data or another tokenizer whatever else is equal: a resume
+#: changing one is refused from the configs alone (unless ``allow_data_change``), before any
+#: data is read or prepared.
+DATA_KINDS = ("data.name", "data.corpus", "data.hub_dataset", "data.format", "tokenizer.name")
+#: Changed keys a resume cannot apply over the checkpoint's state (the optimizer's state is
+#: that optimizer's), with why.
+STATEFUL = {"optim.name": "the checkpoint's optimizer state is {old}'s, not {new}'s; to train "
+                          "with {new} from these weights start a new run with init_from="}
+
+
+def changes(meta: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(key, checkpoint's value, resumed run's value)`` of every key the resumed run's
+    resolved config ``new`` changes (``resume`` and ``run_dir`` aside: every resume sets
+    them)."""
+    return [d for d in config_diff(meta["config"], new) if d[0] not in ("resume", "run_dir")]
+
+
+def refuse_before_data(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change: bool,
+                       target: str) -> None:
+    """What the configs alone show a resume cannot do, refused (exit 4) before anything is
+    read or prepared: another architecture (``model.vocab_size=null`` is sized from the
+    tokenizer later, and checked then), other data or another tokenizer by kind
+    (:data:`DATA_KINDS`), another optimizer. The one line lists every other changed key too:
+    ``experiment=<another>`` changes many."""
+    diff = changes(meta, new)
+    arch = [d for d in diff if d[0].startswith("model.")
+            and not (d[0] == "model.vocab_size" and d[2] is None)]
+    if arch:
+        raise ckpt.CheckpointError(_refusal(arch, diff))
+    kinds = [d for d in diff if d[0] in DATA_KINDS]
+    if kinds and not allow_data_change:
+        raise ckpt.CheckpointError(
+            f"resume refused: the data differs from the checkpoint's: {_data_keys(diff)}; to "
+            "continue on the new data instead (no longer the uninterrupted run) pass "
+            "allow_data_change=true")
+    for key, a, b in diff:
+        if key in STATEFUL:
+            why = STATEFUL[key].format(old=a, new=b)
+            raise ckpt.CheckpointError(f"resume refused: {key} changed {a!r} -> {b!r}: {why}"
+                                       f"{ckpt.run_dir_of(target)}")
+
+
+def _refusal(arch: list[tuple[str, Any, Any]], diff: list[tuple[str, Any, Any]]) -> str:
+    """The one-line refusal of another architecture: its keys, then every other changed key
+    that is not bookkeeping."""
+    lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in arch)
+    rest = [d for d in diff if d not in arch and not is_bookkeeping(d[0])
+            and not d[0].startswith("model.")]
+    also = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in rest)
+    return (f"resume refused: the architecture differs from the checkpoint's ({len(arch)} "
+            f"keys): {lines}" + (f"; besides, {len(rest)} other keys change: {also}"
+                                 if rest else ""))
+
+
 def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change: bool,
                  fingerprints: dict[str, str], changed: str | None = None
                  ) -> tuple[list[str], list[str]]:
@@ -203,15 +292,12 @@ def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change
     allowed (``changed``: which recorded source files changed); return (the bookkeeping
     changes, allowed; warnings for the rest: the run is no longer exactly the uninterrupted
     one)."""
-    diff = [d for d in config_diff(meta["config"], new) if d[0] not in ("resume", "run_dir")]
+    diff = changes(meta, new)
     arch = [d for d in diff if d[0].startswith("model.")]
     if arch:
-        lines = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in arch)
-        raise ckpt.CheckpointError(f"resume refused: the architecture differs from the "
-                                   f"checkpoint's ({len(arch)} keys): {lines}")
-    for name, value in fingerprints.items():
-        if meta.get(name) != value and not allow_data_change:
-            raise ckpt.CheckpointError(data_change(name, meta.get(name), value, diff, changed))
+        raise ckpt.CheckpointError(_refusal(arch, diff))
+    refuse_data_change(meta, diff, allow_data_change=allow_data_change,
+                       fingerprints=fingerprints, changed=changed)
     same_data = all(meta.get(name) == value for name, value in fingerprints.items())
     moved = [d for d in diff if d[0] in DATA_PATHS and same_data]
     allowed = [f"resume: {k} changed {a!r} -> {b!r} (allowed)" for k, a, b in diff
@@ -224,6 +310,27 @@ def check_resume(meta: dict[str, Any], new: dict[str, Any], *, allow_data_change
     return allowed, warned
 
 
+def refuse_data_change(meta: dict[str, Any], diff: list[tuple[str, Any, Any]], *,
+                       allow_data_change: bool, fingerprints: dict[str, str],
+                       changed: str | None = None) -> None:
+    """A changed data or tokenizer fingerprint refused (exit 4) unless allowed, saying what
+    changed and how to continue on the run's data (``diff``: :func:`changes`)."""
+    for name, value in fingerprints.items():
+        if meta.get(name) != value and not allow_data_change:
+            raise ckpt.CheckpointError(data_change(name, meta.get(name), value, diff, changed))
+
+
+def recorded_changes(meta: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's record of what its resumes changed: the checkpoint's own record (the resumes
+    that led to it), then each key this resume changes, with the first step trained with the
+    new value (``from_step``: the checkpoint's step + 1, the row that step logs)."""
+    before = meta.get("resume_changes")
+    before = [c for c in before if isinstance(c, dict)] if isinstance(before, list) else []
+    step = int(meta["step"]) + 1
+    return [*before, *({"key": k, "old": a, "new": b, "from_step": step}
+                       for k, a, b in changes(meta, new))]
+
+
 def data_change(name: str, old: Any, now: str, diff: list[tuple[str, Any, Any]],
                 changed: str | None) -> str:
     """The one-line refusal of a resume whose data (or tokenizer) fingerprint differs: what
@@ -232,10 +339,7 @@ def data_change(name: str, old: Any, now: str, diff: list[tuple[str, Any, Any]],
     keys = [(k, a, b) for k, a, b in diff if k.startswith(prefixes)]
     what = f"resume refused: {name} differs (checkpoint {old}, now {now})"
     if keys:
-        shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in keys)
-        back = " ".join(f"{k}={_value(a)}" for k, a, _ in keys)
-        how = (f"the command line changes {shown}; to continue on the run's data drop those "
-               f"overrides (the run's values: {back})")
+        how = _data_keys(keys)
     elif changed and name == "data_fingerprint":
         how = (f"the run's source files changed: {changed}; to continue on the run's data "
                "restore them as they were")
@@ -245,6 +349,15 @@ def data_change(name: str, old: Any, now: str, diff: list[tuple[str, Any, Any]],
                "blocklab version); to continue on the run's data restore what it read")
     return (f"{what}: {how}; to continue on the new data instead (no longer the uninterrupted "
             "run) pass allow_data_change=true")
+
+
+def _data_keys(diff: list[tuple[str, Any, Any]]) -> str:
+    """The data and tokenizer keys of ``diff``, and the way back to the run's values."""
+    keys = [(k, a, b) for k, a, b in diff if k.startswith(("data.", "tokenizer."))]
+    shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in keys)
+    back = " ".join(f"{k}={_value(a)}" for k, a, _ in keys)
+    return (f"the command line changes {shown}; to continue on the run's data drop those "
+            f"overrides (the run's values: {back})")
 
 
 def _value(v: Any) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import secrets
 import sys
@@ -31,11 +30,19 @@ from blocklab.train.flops import (  # noqa: F401  (re-exported: train.run.GPU_PE
     measure_peak_flops,
     peak_flops_for,
 )
-from blocklab.train.metrics import reconcile
 from blocklab.train.optim import warmup_warning
 from blocklab.train.probing import final_probes, probe_callbacks
 from blocklab.train.result import RunDir
-from blocklab.train.resume import check_resume, open_target, resumed_config
+from blocklab.train.resume import (
+    changes,
+    check_resume,
+    open_target,
+    recorded_changes,
+    refuse_before_data,
+    refuse_data_change,
+    resumed_config,
+)
+from blocklab.train.runfiles import write_run_files
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
@@ -85,6 +92,9 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
         if cfg.get("resume"):  # owns the run directory, then reads the checkpoint's config
             loaded = open_target(str(cfg.resume), owner, child=ddp_child())
             cfg, overrides = resumed_config(cfg, overrides, loaded)
+            # what the configs alone refuse, before the config is validated or data is read
+            refuse_before_data(_stored(loaded), plain_config(cfg), target=str(cfg.resume),
+                               allow_data_change=bool(cfg.get("allow_data_change")))
         elif cfg.get("init_from"):  # the architecture (and tokenizer) come from the source
             from blocklab.train.init import apply_init_from
 
@@ -104,12 +114,29 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
             from blocklab.train.init import check_tokenizer
 
             check_tokenizer(init, streams.tokenizer, streams.specials.to_dict())
+        sources = record(tc.data)  # text: which files (to name those that change later)
+        changed = None
+        if old is not None:  # other data refused before the model is sized to its tokenizer
+            changed = sources_changed(old.get("data_sources"), sources or listing(tc.data))
+            refuse_data_change(old, changes(old, plain_config(cfg)), changed=changed,
+                               allow_data_change=tc.allow_data_change,
+                               fingerprints=_fingerprints(streams))
         size_vocabulary(tc, cfg, streams.vocab_size)
         if resume_from is None and not ddp_child():
             writable_dir(run_dir, "run directory")  # the first write, once all above is valid
             owner.enter_context(run_lock(run_dir, "train"))
             refuse_fresh_run_over_checkpoints(run_dir)
-        return RunDir(_launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init))
+        return RunDir(_launch(cfg, tc, run_dir, streams, resume_from, old, overrides, init,
+                              sources=sources, changed=changed))
+
+
+def _stored(loaded: ckpt.Loaded) -> dict[str, Any]:
+    """A checkpoint's metadata, its config as read through the schema (plain data)."""
+    return {**loaded.meta, "config": plain_config(OmegaConf.structured(loaded.config))}
+
+
+def _fingerprints(streams) -> dict[str, str]:
+    return {"data_fingerprint": streams.fingerprint, "tokenizer_hash": text_hash(streams.tokenizer)}
 
 
 #: model.vocab_size this far above the tokenizer's size is said (a factor, and at least so many
@@ -143,8 +170,7 @@ def _target(tc: TrainConfig, loaded: ckpt.Loaded | None
     """(checkpoint to resume from, as read, its metadata — its config as read through the
     schema —, run directory)."""
     if loaded is not None:
-        stored = plain_config(OmegaConf.structured(loaded.config))
-        return loaded, {**loaded.meta, "config": stored}, ckpt.run_dir_of(tc.resume)
+        return loaded, _stored(loaded), ckpt.run_dir_of(tc.resume)
     if ddp_child():  # a DDP process Lightning started: rank 0 chose the directory
         return None, None, Path(os.environ["BLOCKLAB_RUN_DIR"])
     return None, None, Path(tc.run_dir) if tc.run_dir else new_run_dir(tc)
@@ -152,19 +178,17 @@ def _target(tc: TrainConfig, loaded: ckpt.Loaded | None
 
 def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
             resume_from: ckpt.Loaded | None, old: dict[str, Any] | None,
-            overrides: list[str] | None, init=None) -> Path:
+            overrides: list[str] | None, init=None, *, sources: list | None = None,
+            changed: str | None = None) -> Path:
     """Check a resume against its checkpoint, write the run's files (rank 0), and fit."""
     from blocklab.model.estimate import count_params
 
     os.environ["BLOCKLAB_RUN_DIR"] = str(run_dir)  # inherited by DDP child processes
     plain = plain_config(cfg)
     tok_hash = text_hash(streams.tokenizer)
-    sources = record(tc.data)  # text: which files (to name those that change later)
     if old is not None:
-        changed = sources_changed(old.get("data_sources"), sources or listing(tc.data))
-        allowed, warned = check_resume(
-            old, plain, allow_data_change=tc.allow_data_change, changed=changed,
-            fingerprints={"data_fingerprint": streams.fingerprint, "tokenizer_hash": tok_hash})
+        allowed, warned = check_resume(old, plain, allow_data_change=tc.allow_data_change,
+                                       changed=changed, fingerprints=_fingerprints(streams))
         for note in [*allowed, *(f"warning: {w}" for w in warned)]:
             print(note, file=sys.stderr)
     meta = {
@@ -180,6 +204,8 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
         "params": count_params(tc.model), "config_hash": config_hash(legacy_config(plain)),
         # where the run's relative paths are read from (a resume elsewhere keeps the first)
         "cwd": (old or {}).get("cwd") or os.getcwd(),
+        # each key a resume changed, and the first step it applied to (every resume's)
+        "resume_changes": recorded_changes(old, plain) if old is not None else [],
     }
     if sources is not None:
         meta["data_sources"] = sources
@@ -188,7 +214,7 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
     elif old is not None and "init_from" in old:  # a resumed init_from run stays one
         meta["init_from"] = old["init_from"]
     if not ddp_child():
-        _write_run_files(run_dir, meta, old)
+        write_run_files(run_dir, meta, old)
     from blocklab.train.quiet import lightning_quiet
 
     try:
@@ -199,24 +225,6 @@ def _launch(cfg: DictConfig, tc: TrainConfig, run_dir: Path, streams,
     finally:
         os.environ.pop("BLOCKLAB_RUN_DIR", None)
         _close_process_group()
-
-
-def _write_run_files(run_dir: Path, meta: dict[str, Any], old: dict[str, Any] | None) -> None:
-    """Clean a killed save's leftovers, write the resolved config (one per resume) and
-    ``run.json``; on resume, set aside log rows the resumed run writes again."""
-    ckpt.clean_partial(run_dir)
-    name = "config.yaml" if old is None else f"config.resume-{old['step']:06d}.yaml"
-    (run_dir / name).write_text(meta["config_yaml"])
-    if not (run_dir / "run.json").exists():  # what the run is, readable without torch
-        keep = ("params", "arch_hash", "config_hash", "tokenizer_hash", "data_fingerprint",
-                "versions", "git", "overrides", "created", "run_dir")
-        (run_dir / "run.json").write_text(json.dumps({k: meta[k] for k in keep}, indent=2))
-    if old is not None:
-        moved = reconcile(run_dir, int(old["step"]))
-        if moved:
-            print(f"resume: {moved} log rows from step {old['step']} on (written before the "
-                  "interruption) moved to logs/*/metrics.superseded.csv; the resumed run "
-                  "writes them again", file=sys.stderr)
 
 
 def _close_process_group() -> None:
@@ -252,8 +260,8 @@ def _fit(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], streams,
         torch.set_num_threads(t.threads)
     L.seed_everything(tc.seed, workers=True, verbose=False)
     flops = estimate(tc.model, seq_len=tc.data.seq_len).train_flops_per_token
-    lit = LitModel(tc, meta=meta, flops_per_token=flops,
-                   peak_flops=peak_flops_for(t))
+    lit = LitModel(tc, meta=meta, flops_per_token=flops, peak_flops=peak_flops_for(t),
+                   resumed_optim=resume_from.config.optim if resume_from is not None else None)
     if init_state is not None:  # pretrained weights; the optimizer starts fresh
         lit.model.load_state_dict(init_state, strict=True)
     if t.compile:

@@ -9,10 +9,10 @@ checkpoint (train/best.py) is named in both.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from blocklab import checkpoint as ckpt
+from blocklab.eval.report import strict_json
 from blocklab.plotting import finite_float, finite_int
 from blocklab.train.best import describe
 from blocklab.train.metrics import read_rows
@@ -50,8 +50,10 @@ def write_summary(run_dir: Path, step: int, lit, probes) -> None:
             "metric_steps": {k: s for k, (s, _) in sorted(latest.items())},
             "probes": probes.summary if probes else None,
             "last_checkpoint": str(last[-1]) if last else None,
-            "best_checkpoint": {**best, "path": str(best_path)} if best else None}
-    (run_dir / "summary.json").write_text(json.dumps(info, indent=2))
+            "best_checkpoint": {**best, "path": str(best_path)} if best else None,
+            # each key a resume changed, and the first step it applied to
+            "resume_changes": lit.meta.get("resume_changes", [])}
+    (run_dir / "summary.json").write_text(strict_json(info, indent=2))
     print(f"\nrun directory   {run_dir}")
     print(f"checkpoints     {run_dir / 'checkpoints'} (newest: {last[-1].name if last else '-'}"
           f"; best: {describe(best)})")
