@@ -180,7 +180,7 @@ def test_composing_a_launcher_config_from_python_says_what_to_call():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
-    assert "hydra/launcher/blocklab_joblib" in last, r.stderr[-2000:]
+    assert "hydra/launcher" in last and "blocklab_joblib" in last, r.stderr[-2000:]
     assert "call hydra_plugins.blocklab_launchers.register() before compose" in last
 
 

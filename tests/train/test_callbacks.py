@@ -71,7 +71,7 @@ def test_max_time_stops_after_a_whole_step_with_its_checkpoint(tmp_path, capfd):
     (["callbacks=[early_stopping]", "callbacks.early_stopping.monitor=val/acc"],
      "callbacks.early_stopping.monitor", "val/loss, val/accuracy, train/loss, train/grad_norm"),
     (["callbacks=[early_stopping]", "callbacks.early_stopping.stopping_threshold=nan"],
-     "callbacks.early_stopping.stopping_threshold", "a finite number or null"),
+     "callbacks.early_stopping.stopping_threshold", "must be a finite number"),
     (["+callbacks.nosuch={}"], "callbacks.nosuch", "early_stopping, lr_monitor"),
 ])
 def test_bad_callback_and_trainer_options_fail_in_one_line(tmp_path, capfd, args, key, rule):

@@ -3,6 +3,7 @@ directories), and turning plain model configs (a checkpoint's) back into checked
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -69,7 +70,7 @@ def compose(config_name: str = "estimate", overrides: list[str] | tuple[str, ...
         err = composition_error(e, overrides, SCHEMAS.get(config_name))
         if err is None:
             raise
-        if "'hydra/launcher/blocklab_" in str(err):  # the sweep layer's nodes, not registered
+        if re.search(r"hydra/launcher[/=]blocklab_", str(err)):  # the sweep layer's, unregistered
             err = ConfigError(f"{err} (blocklab's launchers are registered by the command line; "
                               "from Python call hydra_plugins.blocklab_launchers.register() "
                               "before compose)")
