@@ -477,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = DRY if a.dry else FULL
     if a.dry:
         torch.set_num_threads(1)
+        _dry_compiles()
     out_dir = a.out or ROOT / "outputs" / "gpu_check" / time.strftime("%Y-%m-%d_%H-%M-%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     from blocklab.config import model_config
@@ -520,6 +521,23 @@ def main(argv: list[str] | None = None) -> int:
     failed = report["errors"] or not report.get("correctness", {"pass": True})["pass"] or any(
         report.get(k, {}).get("returncode", 0) for k in ("train_run", "fsdp"))
     return 1 if failed else 0
+
+
+def _dry_compiles() -> None:
+    """``--dry``: this process's own ``torch.compile`` calls (train_speed's model, decode_speed's
+    static step) capture with dynamo and split forward / backward with AOTAutograd
+    (``backend="aot_eager"``) without inductor's C++ code generation: on a CPU the dry run
+    checks the sections' code, not their speed, and took most of its time compiling kernels
+    of tiny models. Inductor's kernels are checked on reference shapes by
+    tests/model/test_compile.py, and train_run's ``blocklab-train trainer.compile=true`` (a
+    process of its own) still compiles with inductor: the CLI's compiled path."""
+    compile_ = torch.compile
+
+    def dry(model=None, **kw):
+        kw.pop("mode", None)  # a mode (reduce-overhead on CUDA) is inductor's
+        return compile_(model, **{**kw, "backend": "aot_eager"})
+
+    torch.compile = dry
 
 
 def _compose_model(overrides: list[str]) -> object:

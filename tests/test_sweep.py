@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 SMOKE = ["experiment=smoke", "probes=none", "trainer.progress_bar=false"]
+# 4 steps a job, not the smoke run's 20: what is checked here is the sweep around the jobs
+FOUR = ["trainer.max_steps=4", "trainer.ckpt_every_steps=4", "trainer.val_every_steps=2"]
 
 
 def sweep_dir(out: Path) -> Path:
@@ -36,7 +38,7 @@ def statuses(d: Path) -> dict[int, dict]:
 
 
 def test_a_failing_job_is_reported_and_the_others_finish_in_parallel(tmp_path):
-    r = cli("-m", "hydra/launcher=parallel", *SMOKE, f"out_root={tmp_path}",
+    r = cli("-m", "hydra/launcher=parallel", *SMOKE, *FOUR, f"out_root={tmp_path}",
             "model/position=rope,alibi", "model.n_heads=4,3")
     assert r.returncode == 0, r.stderr[-3000:]
     d = sweep_dir(tmp_path)
@@ -52,7 +54,7 @@ def test_a_failing_job_is_reported_and_the_others_finish_in_parallel(tmp_path):
 
 
 def test_submitit_local_executor_runs_the_jobs(tmp_path):
-    r = cli("-m", "hydra/launcher=local", *SMOKE, f"out_root={tmp_path}",
+    r = cli("-m", "hydra/launcher=local", *SMOKE, *FOUR, f"out_root={tmp_path}",
             "model/norm=layernorm,rmsnorm")
     assert r.returncode == 0, r.stderr[-3000:]
     d = sweep_dir(tmp_path)
@@ -64,7 +66,7 @@ def test_submitit_local_executor_runs_the_jobs(tmp_path):
 
 
 def test_optuna_sweeper_minimizes_the_objective(tmp_path):
-    r = cli("-m", "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=2", *SMOKE,
+    r = cli("-m", "hydra/sweeper=lr_search", "hydra.sweeper.n_trials=2", *SMOKE, *FOUR,
             f"out_root={tmp_path}")
     assert r.returncode == 0, r.stderr[-3000:]
     d = sweep_dir(tmp_path)
@@ -77,7 +79,8 @@ def test_optuna_sweeper_minimizes_the_objective(tmp_path):
 
 
 def test_multirun_with_ddp_runs_each_job_once(tmp_path):
-    r = cli("-m", "trainer=ddp", *SMOKE, f"out_root={tmp_path}", "model/position=rope,alibi")
+    r = cli("-m", "trainer=ddp", *SMOKE, *FOUR, f"out_root={tmp_path}",
+            "model/position=rope,alibi")
     assert r.returncode == 0, r.stderr[-3000:]
     d = sweep_dir(tmp_path)  # a child rerunning the sweep would add sweep directories
     assert sorted(p.name for p in d.iterdir() if p.is_dir()) == ["0", "1"]
@@ -86,7 +89,7 @@ def test_multirun_with_ddp_runs_each_job_once(tmp_path):
         cfg = yaml.safe_load((d / f"{job}/config.yaml").read_text())
         assert cfg["model"]["position"]["name"] == position and cfg["trainer"]["devices"] == 2
         assert len(list((d / f"{job}/logs").iterdir())) == 1  # one launch, one log version
-        assert (d / f"{job}/checkpoints/step-000020").is_dir()
+        assert (d / f"{job}/checkpoints/step-000004").is_dir()
 
 
 KILLED = "its process was killed by SIGKILL (signal 9) before the job finished; SIGKILL is " \

@@ -59,10 +59,15 @@ def test_plugin_components_train_and_evaluate_from_a_user_config_dir(tmp_path, c
                            "layernorm, rmsnorm") and "docs/extending.md" in last
 
 
-def test_a_registered_component_is_chosen_by_name_without_any_yaml(tmp_path):
+def test_a_registered_component_is_chosen_by_name_without_any_yaml(tmp_path, capfd):
     run = tmp_path / "run"
-    r = cli("experiment=smoke", "model.ffn.name=squared_relu", *FAST, f"run_dir={run}")
+    # (in process: the plugin named in $BLOCKLAB_PLUGINS is the one conftest.py imported; its
+    # loading by a fresh process is the test above, its absence the command below)
+    r = run_cli(capfd, "blocklab-train", "experiment=smoke", "model.ffn.name=squared_relu",
+                *FAST, f"run_dir={run}", env={"BLOCKLAB_PLUGINS": "blocklab_example"})
     assert r.returncode == 0, r.stderr[-3000:]
+    meta = json.loads((run / "checkpoints" / "step-000004" / "meta.json").read_text())
+    assert meta["config"]["model"]["ffn"]["name"] == "squared_relu"
     r = cli("experiment=smoke", "model.ffn.name=squared_relu", *FAST,
             f"run_dir={tmp_path / 'other'}", plugin=False)
     assert r.returncode == 2

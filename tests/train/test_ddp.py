@@ -35,16 +35,24 @@ def parallel(request, tmp_path_factory):
     return args, out / "run"
 
 
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """The one-process run with the global batch (8) both strategies are compared with."""
+    run = tmp_path_factory.mktemp("one") / "one"
+    r = cli(*BASE, "data.batch_size=8", f"run_dir={run}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run
+
+
 @pytest.mark.parametrize("args", [DDP, SHARDED], ids=["ddp", "model_parallel"])
-def test_two_processes_match_one_with_the_same_global_batch(tmp_path, args):
-    one = cli(*BASE, "data.batch_size=8", f"run_dir={tmp_path / 'one'}")
+def test_two_processes_match_one_with_the_same_global_batch(one, tmp_path, args):
     two = cli(*BASE, *args, f"run_dir={tmp_path / 'two'}")
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = losses(one), losses(tmp_path / "two")
     assert sorted(a) == sorted(b) == list(range(1, 17))
     diffs = [abs(float(a[k]) - float(b[k])) for k in a]
     assert max(diffs) <= TOLERANCE, diffs
-    wa = torch.load(tmp_path / "one/checkpoints/step-000016/state.pt", weights_only=True)
+    wa = torch.load(one / "checkpoints/step-000016/state.pt", weights_only=True)
     wb = torch.load(tmp_path / "two/checkpoints/step-000016/state.pt", weights_only=True)
     for k, v in wa["state_dict"].items():
         torch.testing.assert_close(v, wb["state_dict"][k], atol=1e-5, rtol=1e-4)

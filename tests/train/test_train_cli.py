@@ -172,9 +172,10 @@ def test_cfg_job_and_help_are_quick_and_informative():
 
 
 @pytest.mark.slow
-def test_wandb_logger_runs_offline_inside_the_run_directory(tmp_path):
-    r = cli("experiment=smoke", f"out_root={tmp_path}", "logger=wandb", "trainer.max_steps=4",
-            "trainer.ckpt_every_steps=4", "trainer.val_every_steps=4")
+def test_wandb_logger_runs_offline_inside_the_run_directory(tmp_path, capfd):
+    r = run_cli(capfd, "blocklab-train", "experiment=smoke", f"out_root={tmp_path}",
+                "logger=wandb", "trainer.max_steps=4", "trainer.ckpt_every_steps=4",
+                "trainer.val_every_steps=4")
     assert r.returncode == 0, r.stderr[-3000:]
     (run,) = (tmp_path / "smoke").iterdir()
     assert list((run / "wandb").glob("offline-run-*")), "wandb did not write an offline run"
