@@ -10,6 +10,9 @@ product: the patterns of ``LOCAL`` alternate (window 3 on every layer; window 5 
 2nd layer global) and the head layout rotates, so every family and position scheme meets a
 window shorter than the tests' sequences, in an all-local and in a mixed stack.
 
+Attention patterns (``PATTERNS``: sinks, a learned sink, chunks with no-rotary global layers)
+add one variant per pattern × family.
+
 Sequence mixers other than softmax (every registered one, the example plugin's included) add
 one variant per family that allows them × option set (``MIXER_OPTIONS``: each mixer's own
 options, rotating), with the position schemes that need no score-based layer rotating; hybrid
@@ -45,6 +48,16 @@ ATTENTIONS = {name: (2 if name == "gqa" else None) for name in names("attention"
 STYLES = list(itertools.product(names("norm"), names("block"), names("ffn")))  # 2 * 3 * 4 = 24
 # (window, global_every) of the local-attention variants: odd, so encoders take them too
 LOCAL = [(3, 0), (5, 2)]
+# softmax's attention patterns (docs/mixers.md "Attention patterns"), one variant per family ×
+# pattern: sinks beside a window (shorter than the tests' sequences, sinks before the band), a
+# learned sink, chunks (all chunked; chunked + no-rotary global layers with temperature)
+PATTERNS: list[dict[str, object]] = [
+    {"window": 3, "sinks": 2},
+    {"window": 5, "global_every": 2, "sinks": 1, "learned_sink": True},
+    {"attention_chunk": 4},
+    {"attention_chunk": 3, "global_every": 2, "sinks": 1, "global_rope": False,
+     "global_temperature": 0.5, "temperature_floor": 4},
+]
 
 
 # Each mixer's own options, one dict per grid variant (a mixer not listed: its defaults). The
@@ -181,7 +194,25 @@ def grid(*families: str) -> list[tuple[str, ModelConfig]]:
         out.append((_label(family, pos, attention, style, local),
                     tiny(family, pos, attention, style=style, window=local[0],
                          global_every=local[1])))
-    return out + mixer_variants(*families)
+    return out + pattern_variants(*families) + mixer_variants(*families)
+
+
+def pattern_variants(*families: str) -> list[tuple[str, ModelConfig]]:
+    """One variant per attention pattern (``PATTERNS``) × family; positions (rotary where
+    the pattern drops it on global layers), head layouts and styles rotating."""
+    out = []
+    heads = list(ATTENTIONS)
+    for i, (k, family) in enumerate(itertools.product(range(len(PATTERNS)),
+                                                      families or names("family"))):
+        options = PATTERNS[k]
+        pos = POSITIONS[(3 * i + 1) % len(POSITIONS)]
+        if options.get("global_rope") is False:
+            pos = PositionConfig(name="rope")
+        attention, style = heads[i % len(heads)], 3 * i + 2
+        out.append((_label(family, pos, attention, style, mixer=f"pattern{k}"),
+                    tiny(family, pos, attention, style=style, n_layers=2,
+                         mixer=MixerConfig(name="softmax", **options))))
+    return out
 
 
 def params(*families: str):

@@ -25,6 +25,11 @@ MOVED: dict[str, Any] = {"dropout": 0.0, "scale": None, "window": None, "global_
 UNION: dict[str, Any] = {"feature_map": "elu", "feature_dim": 16, "short_conv": 0,
                          "chunk": 64, "long_conv": True, "d_state": 16, "expand": 2,
                          "d_conv": 4, "dt_rank": None, "scan": "auto", MIXER_FREE_KEY: {}}
+#: options added since, left out of the hashed layout at their defaults (issue 44's softmax
+#: attention patterns): an unchanged model keeps its hash
+ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": None,
+                         "global_rope": True, "global_temperature": 0.0,
+                         "temperature_floor": 8192}
 
 
 def renamed(key: str) -> str | None:
@@ -117,6 +122,9 @@ def legacy_layout(model: dict[str, Any]) -> dict[str, Any]:
         attention[option] = mixer.pop(option, default)
     for option, default in UNION.items():
         mixer.setdefault(option, copy.deepcopy(default))
+    for option, default in ADDED.items():
+        if option in mixer and mixer[option] == default:
+            del mixer[option]
     return out
 
 

@@ -19,8 +19,16 @@ from blocklab.config import AttentionConfig, ModelConfig
 from blocklab.config.checks import require
 from blocklab.model import masks, seqops
 from blocklab.model.cache import check_no_grad
-from blocklab.model.kv import CrossKV, FixedKVState, KVState, RingState, ring_slots
+from blocklab.model.kv import (
+    CrossKV,
+    FixedKVState,
+    KVState,
+    RingState,
+    ring_slots,
+    sink_slots,
+)
 from blocklab.model.mixer import Mixer, Sequence, State
+from blocklab.model.patterns import query_temperature
 from blocklab.model.position import apply_rotary
 from blocklab.model.softmax_options import (
     SoftmaxOptions,
@@ -54,7 +62,13 @@ def attention_dims(m: ModelConfig) -> dict[str, int]:
 def _sdpa(layer: nn.Module, q: Tensor, k: Tensor, v: Tensor,
           visibility: masks.Visibility) -> Tensor:
     """Scaled dot-product attention of ``layer`` (its dropout, score scale and head layout)
-    over ``visibility``: (B, H, Tq, D)."""
+    over ``visibility``: (B, H, Tq, D). A layer with a learned sink logit (``sink``, per
+    head) attends over one more key, of value zero, whose score is that logit: it takes
+    attention mass and adds nothing (gpt-oss)."""
+    sink = getattr(layer, "sink", None)
+    if sink is not None:
+        visibility = masks.with_sink(visibility, sink.to(q.dtype), q.shape[2], k.shape[2])
+        k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
     return F.scaled_dot_product_attention(
         q, k, v, dropout_p=layer.dropout if layer.training else 0.0,
         enable_gqa=layer.n_kv_heads != layer.n_heads, scale=layer.scale,
@@ -98,8 +112,16 @@ class SoftmaxAttention(Mixer):
         _init_heads(self, a, opts, **attention_dims(m))
         h, hkv, d = self.n_heads, self.n_kv_heads, self.d_head
         self.qkv = nn.Linear(m.d_model, (h + 2 * hkv) * d, bias=a.bias)
-        #: keys per query of this layer (None = global)
-        self.window = masks.layer_window(opts, layer)
+        #: what this layer sees: None (global), its window, or a masks.Pattern (sinks, chunks)
+        self.window = masks.layer_pattern(opts, layer)
+        #: the learned sink logit per head (init 0: transformer.init_weights zeroes 1-d)
+        self.sink = nn.Parameter(torch.zeros(h)) if opts.learned_sink else None
+        # the global layers of a local stack may rotate nothing (Llama 4's NoPE layers) and
+        # then scale their queries with the position (its attention temperature tuning)
+        nope = not opts.global_rope and self.window is None
+        self.rope = not nope
+        self.temperature = opts.global_temperature if nope else 0.0
+        self.temperature_floor = opts.temperature_floor
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         b, t, _ = x.shape
@@ -107,9 +129,12 @@ class SoftmaxAttention(Mixer):
         # split, not sliced: the backward of a split is one concatenation, of three slices a
         # zero-filled gradient per slice (about 2 % of a small model's CPU training step)
         qk, v = self.qkv(x).view(b, t, h + 2 * hkv, -1).split((h + hkv, hkv), dim=2)
-        if seq.rotary is not None:  # queries and keys rotated together, token-major
+        if seq.rotary is not None and self.rope:  # q and k rotated together, token-major
             qk = apply_rotary(qk, *seq.rotary)
         q, k = qk.split((h, hkv), dim=2)  # (B, T, heads, D) each
+        if self.temperature:
+            q = q * query_temperature(seq.positions, self.temperature,
+                                      self.temperature_floor).to(q.dtype)[..., None, None]
         if self.window is not None and t > 2 * self.block and (
                 state is None or _empty_ring(seq, state)):
             o = self._banded(q, k, v, seq)
@@ -129,7 +154,8 @@ class SoftmaxAttention(Mixer):
     @property
     def block(self) -> int:
         assert self.window is not None
-        return max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK)
+        sinks = masks.unpack(self.window)[1]
+        return max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
 
     def _banded(self, q: Tensor, k: Tensor, v: Tensor, seq: Sequence) -> Tensor:
         """Local attention in blocks over bands of keys: q (B, T, H, D), k and v (B, T, Hkv,
@@ -153,14 +179,15 @@ class SoftmaxAttention(Mixer):
             segments = None if segments is None else F.pad(segments, (0, pad), value=-1)
         nb = tp // block
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
+        band = masks.Band.of(tp, block, causal=self.causal, sinks=masks.unpack(self.window)[1],
+                             segments=segments, batch=b, device=qkv.device)
         qb = positions.reshape(b * nb, block)
-        kb = masks.band_blocks(positions, block, causal=self.causal).reshape(b * nb, -1)
+        kb = band.keys(positions)  # (B·nb, K + n)
         vis = masks.banded_visibility(causal=self.causal, window=self.window, block=block,
                                       order=ranks, valid=real, segments=segments,
-                                      bias=seq.position.score_bias(qb, kb))
+                                      bias=seq.position.score_bias(qb, kb), band=band)
         q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
-        kv = masks.band_blocks(qkv[:, :, h:], block, causal=self.causal)  # (B, nb, K, 2Hkv, D)
-        kv = kv.reshape(b * nb, -1, 2 * hkv, qkv.shape[-1]).transpose(1, 2)  # (B·nb, 2Hkv, K, D)
+        kv = band.keys(qkv[:, :, h:]).transpose(1, 2)  # (B·nb, 2Hkv, K + n, D)
         o = _sdpa(self, q, kv[:, :hkv], kv[:, hkv:], vis)  # (B·nb, H, L, D)
         o = o.transpose(1, 2).reshape(b, tp, -1)[:, :t]  # (B, T, H·D)
         return rows.scatter(o)  # back to the caller's token order
@@ -172,19 +199,24 @@ class SoftmaxAttention(Mixer):
             return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
         if self.window is not None:
             return RingState(*dims, ring_slots(self.window, capacity), self.d_head,
-                             dtype=dtype, device=device)
+                             dtype=dtype, device=device, sinks=sink_slots(self.window, capacity))
         return KVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
 
     @classmethod
     def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
-        return projection_params(m.attention, **attention_dims(m))
+        sinks = m.n_heads if softmax_options(m).learned_sink else 0
+        return projection_params(m.attention, **attention_dims(m)) + sinks
 
     @classmethod
     def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:
-        """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311) or
-        ``min(window, T)`` (a local one: the blocked computation never scores far keys)."""
-        window = masks.layer_window(softmax_options(m), layer)
-        return seq_len if window is None else min(window, seq_len)
+        """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311),
+        ``min(window + sinks, T)`` (a local one: the blocked computation never scores far
+        keys) or ``min(chunk + sinks, T)`` (a chunked one)."""
+        pattern = masks.layer_pattern(softmax_options(m), layer)
+        if pattern is None:
+            return seq_len
+        window, sinks, chunk = masks.unpack(pattern)
+        return min((chunk if chunk is not None else window) + sinks, seq_len)  # type: ignore
 
     @classmethod
     def flops_per_token(cls, m: ModelConfig, layer: int, *, seq_len: int,
@@ -197,27 +229,47 @@ class SoftmaxAttention(Mixer):
     @classmethod
     def state_bytes(cls, m: ModelConfig, layer: int, *, batch: int, seq_len: int,
                     bytes_per_value: int) -> int:
-        """K and V of every token so far, or of the ``min(window - 1, T)`` a local layer's
-        ring keeps: ``2 · B · H_kv · d_head · bytes`` per token."""
-        window = masks.layer_window(softmax_options(m), layer)
-        tokens = seq_len if window is None else ring_slots(window, seq_len)
+        """K and V of every token so far, or of what a local layer's ring keeps — the
+        ``min(window - 1, T)`` (``min(chunk - 1, T)``) last tokens and ``min(sinks, T)``
+        sinks, constant past that: ``2 · B · H_kv · d_head · bytes`` per token."""
+        pattern = masks.layer_pattern(softmax_options(m), layer)
+        tokens = seq_len if pattern is None else (
+            ring_slots(pattern, seq_len) + sink_slots(pattern, seq_len))
         return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
 
     @classmethod
     def describe(cls, m: ModelConfig, layer: int) -> str:
-        w = masks.layer_window(softmax_options(m), layer)
-        return "(global)" if w is None else f"(local, window {w})"
+        opts = softmax_options(m)
+        pattern = masks.layer_pattern(opts, layer)
+        sink = ", learned sink" if opts.learned_sink else ""
+        if pattern is None:
+            nope = not opts.global_rope and (opts.window or opts.attention_chunk)
+            return f"(global{', no rotary' if nope else ''}{sink})"
+        window, sinks, chunk = masks.unpack(pattern)
+        what = f"chunked, chunk {chunk}" if chunk is not None else f"local, window {window}"
+        return f"({what}{f', {sinks} sinks' if sinks else ''}{sink})"
 
     @classmethod
     def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:
         opts = softmax_options(m)
-        if opts.window is None:
-            return []
+        rows = [("attention sink", "learned logit per head")] if opts.learned_sink else []
+        if opts.window is None and opts.attention_chunk is None:
+            return rows
         g, kinds = opts.global_every, opts.layers
         pattern = "every softmax layer local" if not g else f"layers {g}, {2 * g}, ... global"
         if kinds:  # an explicit pattern, repeated over the layers
             pattern = f"per layer: {', '.join(kinds)}"
-        return [("attention window", f"{opts.window} tokens ({pattern})")]
+        if opts.attention_chunk is not None:
+            rows.append(("attention chunk", f"{opts.attention_chunk} tokens ({pattern})"))
+        else:
+            rows.append(("attention window", f"{opts.window} tokens ({pattern})"))
+        if opts.sinks:
+            rows.append(("attention sinks", f"first {opts.sinks} tokens of each document"))
+        if not opts.global_rope:
+            t = opts.global_temperature
+            rows.append(("global layers", "no rotary angles" + (
+                f", temperature {t} per {opts.temperature_floor} tokens" if t else "")))
+        return rows
 
     @classmethod
     def check_options(cls, opts: SoftmaxOptions, key: str) -> None:

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from blocklab.model.cache import Book, Step
+from blocklab.model.masks import Pattern
 from blocklab.model.mixer import Keys, State
 
 #: Slots a growing buffer allocates at first (at most); it doubles as it fills.
@@ -92,16 +93,19 @@ class History(Book):
 class Ring(Book):
     """The last ``slots`` real tokens of every row, order ``o`` in slot ``o mod slots``; this
     forward's keys are the ring, then the new tokens. ``pending`` says which new token goes to
-    which slot (the states write their K/V there after attending)."""
+    which slot (the states write their K/V there after attending). With ``sinks = n`` the
+    first ``n`` real tokens keep slots ``[0, n)`` for good, and the ring of the later tokens
+    follows (order ``o >= n`` in slot ``n + (o - n) mod slots``): StreamingLLM's cache."""
 
     transient = ("keys", "pending")
 
     def __init__(self, batch: int, capacity: int, device: torch.device | str, *,
-                 slots: int) -> None:
-        self.slots = slots
-        self.positions = torch.zeros(batch, slots, dtype=torch.long, device=device)
-        self.order = torch.zeros(batch, slots, dtype=torch.long, device=device)
-        self.valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
+                 slots: int, sinks: int = 0) -> None:
+        self.slots, self.sinks = slots, sinks
+        total = slots + sinks
+        self.positions = torch.zeros(batch, total, dtype=torch.long, device=device)
+        self.order = torch.zeros(batch, total, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, total, dtype=torch.bool, device=device)
         self.keys: Keys | None = None
         self.pending: tuple[Tensor, Tensor, Tensor] | None = None
 
@@ -112,11 +116,12 @@ class Ring(Book):
                          torch.cat((self.valid, real), 1),
                          torch.cat((self.order, q_order), 1), q_order)
         self.pending = None
-        if self.slots:  # the last S real tokens of each row go to the ring, after attention
-            keep = real & (q_order >= step.seen[:, None] - self.slots)
+        n = self.sinks
+        if self.slots or n:  # the last S real tokens (and sinks) go to the ring, after attention
+            keep = real & ((q_order >= step.seen[:, None] - self.slots) | (q_order < n))
             rows, cols = keep.nonzero(as_tuple=True)
             order = q_order[rows, cols]
-            slots = order % self.slots
+            slots = torch.where(order < n, order, n + (order - n) % max(self.slots, 1))
             self.pending = (rows, cols, slots)
             self.positions[rows, slots] = positions[rows, cols]
             self.order[rows, slots] = order
@@ -148,9 +153,16 @@ class Fixed(Book):
         self.keys = Keys(self.positions, self.valid, self.order, step.order)
 
 
-def ring_slots(window: int, capacity: int) -> int:
-    """Slots a local layer keeps: every key a later query's window can still reach."""
-    return min(window - 1, capacity)
+def ring_slots(window: int | Pattern, capacity: int) -> int:
+    """Ring slots a local layer keeps: every key a later query's window (or chunk) can still
+    reach, sinks aside."""
+    back = window.back() if isinstance(window, Pattern) else window - 1
+    return min(back, capacity)
+
+
+def sink_slots(window: int | Pattern, capacity: int) -> int:
+    """Slots a local layer keeps for its attention sinks (the first real tokens)."""
+    return min(window.sinks, capacity) if isinstance(window, Pattern) else 0
 
 
 # ---------------------------------------------------------------------------- decode states
@@ -179,14 +191,17 @@ class KVState(State):
 
 
 class RingState(State):
-    """A local layer's last ``S = min(window - 1, capacity)`` keys per row (the ring book says
-    which slot holds which token): memory proportional to the window, not the context."""
+    """A local layer's last ``S = min(window - 1, capacity)`` keys per row (``chunk - 1`` for a
+    chunked layer), after its ``sinks`` first ones (the ring book says which slot holds which
+    token): memory proportional to the window, not the context."""
 
     def __init__(self, batch: int, n_kv_heads: int, slots: int, d_head: int, *,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
-        self.key = ("ring", slots)
-        self.books = MappingProxyType({self.key: lambda b, c, d: Ring(b, c, d, slots=slots)})
-        self.k = torch.zeros(batch, n_kv_heads, slots, d_head, dtype=dtype, device=device)
+                 dtype: torch.dtype, device: torch.device | str, sinks: int = 0) -> None:
+        self.key = ("ring", slots, sinks) if sinks else ("ring", slots)
+        self.books = MappingProxyType(
+            {self.key: lambda b, c, d: Ring(b, c, d, slots=slots, sinks=sinks)})
+        total = slots + sinks  # the sinks' slots first (Ring)
+        self.k = torch.zeros(batch, n_kv_heads, total, d_head, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)  # (B, Hkv, S, D)
 
     def write(self, book: Ring, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

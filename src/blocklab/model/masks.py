@@ -24,10 +24,24 @@ left padding and packed documents:
   rule is ``o_j <= o_i`` too, since ring slots are not in key-buffer order (and so does the
   fixed-shape cache of compiled decoding for every layer, whose buffer holds unwritten slots).
 
+A local layer may carry a :class:`Pattern` instead of a bare window (``layer_pattern``), its
+rules on the *document order* ``d`` of a token (its index among the real tokens of its
+document: ``o`` minus the order of the document's first real token; ``o`` when decoding, which
+has no packing), so padding and packing never move them:
+
+- sinks:    with ``sinks = n``, key ``j`` is visible too iff ``d_j < n`` (the first ``n`` real
+  tokens of the query's document; causal: still ``o_j <= o_i``) — StreamingLLM's attention
+  sinks beside the window;
+- chunk:    with ``chunk = c`` (instead of a window), key ``j`` visible iff ``d_j // c ==
+  d_i // c`` (the query's chunk of its document; causal: ``o_j <= o_i``) — Llama 4's chunked
+  attention.
+
 Two builders apply these rules: a dense one over all ``Tq × Tk`` pairs
 (:func:`self_visibility`), and a banded one for local layers (:func:`banded_visibility`), which
 applies the *same* predicates to the keys of a query's neighbouring blocks only, so a window
-costs time and memory proportional to ``T · window`` instead of ``T²``. Recurrent mixers
+costs time and memory proportional to ``T · window`` instead of ``T²`` (a chunk is a band
+of ``chunk - 1`` keys each way; sinks add the first ``n`` tokens of the one document that can
+begin before a band: :class:`Band`). Recurrent mixers
 (linear attention, state spaces, convolutions) need no mask at all, only the facts the rules
 are made of: :func:`document_starts` (a packed document begins: the state restarts). A chunked
 recurrent mixer applies the same rules in chunks (:func:`chunk_visibility`): densely within a
@@ -91,6 +105,69 @@ def layer_window(attention: SoftmaxOptions, layer: int) -> int | None:
     return a.window
 
 
+@dataclass(frozen=True)
+class Pattern:
+    """A local layer's visibility beyond a bare window (the module docstring's sink and chunk
+    rules): hashable, so the visibility it makes is built once per forward."""
+
+    window: int | None = None  # keys per query, the query included (None with a chunk)
+    sinks: int = 0  # first real tokens of each document always visible
+    chunk: int | None = None  # tokens per chunk of a document (instead of a window)
+
+    def reach(self, *, causal: bool) -> int:
+        """Keys the window or chunk reaches on one side (:func:`band_reach`)."""
+        if self.chunk is not None:
+            return self.chunk - 1
+        assert self.window is not None
+        return band_reach(self.window, causal=causal)
+
+    def back(self) -> int:
+        """Earlier keys (sinks aside) a later query can still see: a decode ring's slots."""
+        return self.chunk - 1 if self.chunk is not None else self.window - 1  # type: ignore
+
+
+def layer_pattern(attention: SoftmaxOptions, layer: int) -> int | Pattern | None:
+    """What layer ``layer`` sees: None (global), its window (a bare window, as
+    :func:`layer_window`), or a :class:`Pattern` (sinks, chunks). Local layers are those the
+    window pattern leaves local (``global_every``, ``layers``), with a window or a chunk."""
+    a = attention
+    chunk = a.attention_chunk
+    if chunk is None:
+        w = layer_window(a, layer)
+        return w if w is None or not a.sinks else Pattern(window=w, sinks=a.sinks)
+    if local_layer(a, layer):
+        return Pattern(sinks=a.sinks, chunk=chunk)
+    return None
+
+
+def local_layer(attention: SoftmaxOptions, layer: int) -> bool:
+    """Whether ``layer`` is local under ``global_every`` / ``layers`` (every layer without
+    either), given a window or a chunk."""
+    a = attention
+    if a.window is None and a.attention_chunk is None:
+        return False
+    if a.layers:
+        return a.layers[layer % len(a.layers)] != "global"
+    return not (a.global_every and (layer + 1) % a.global_every == 0)
+
+
+def unpack(window: int | Pattern | None) -> tuple[int | None, int, int | None]:
+    """(window, sinks, chunk) of a bare window or a :class:`Pattern`."""
+    if isinstance(window, Pattern):
+        return window.window, window.sinks, window.chunk
+    return window, 0, None
+
+
+def document_order(order: Tensor, segments: Tensor | None, valid: Tensor | None) -> Tensor:
+    """(B, T) each token's index among the real tokens of its document (``order`` minus the
+    order of its document's first real token), over a row of one forward (``order`` counted
+    along it, ``segments`` its packed documents; None: one per row)."""
+    if segments is None:
+        return order
+    starts = document_starts(segments, valid)
+    return order - torch.where(starts, order, 0).cummax(-1).values
+
+
 def token_order(valid: Tensor | None, batch: int, length: int,
                 device: torch.device | None = None) -> Tensor:
     """(B, T) each token's index among the real tokens of its row (``valid``), which is what a
@@ -100,15 +177,29 @@ def token_order(valid: Tensor | None, batch: int, length: int,
     return valid.long().cumsum(-1) - 1
 
 
-def window_allowed(q_order: Tensor, k_order: Tensor, window: int | None, *,
-                   causal: bool) -> Tensor:
+def window_allowed(q_order: Tensor, k_order: Tensor, window: int | Pattern | None, *,
+                   causal: bool, q_doc: Tensor | None = None,
+                   k_doc: Tensor | None = None) -> Tensor:
     """(B, 1, Tq, Tk) bool: the window rule on token orders (see the module docstring); a
-    causal rule without a window (None) is causality by order alone, ``o_j <= o_i``."""
+    causal rule without a window (None) is causality by order alone, ``o_j <= o_i``. A
+    :class:`Pattern` adds its sink and chunk rules on the document orders ``q_doc`` /
+    ``k_doc`` (default: the token orders — one document per row)."""
+    w, sinks, chunk = unpack(window)
     distance = q_order[:, None, :, None] - k_order[:, None, None, :]  # query minus key
-    if causal:
-        return distance >= 0 if window is None else (distance >= 0) & (distance <= window - 1)
-    assert window is not None, "a bidirectional order rule needs a window"
-    return distance.abs() <= (window - 1) // 2
+    qd = q_order if q_doc is None else q_doc
+    kd = k_order if k_doc is None else k_doc
+    if chunk is not None:
+        near = qd[:, None, :, None] // chunk == kd[:, None, None, :] // chunk
+    elif w is None:
+        assert causal, "a bidirectional order rule needs a window"
+        near = None
+    else:
+        near = distance <= w - 1 if causal else distance.abs() <= (w - 1) // 2
+    if sinks and near is not None:
+        near = near | (kd[:, None, None, :] < sinks)
+    if not causal:
+        return near
+    return distance >= 0 if near is None else (distance >= 0) & near
 
 
 def self_visibility(
@@ -120,16 +211,19 @@ def self_visibility(
     q_segments: Tensor | None = None,  # (B, Tq) int
     k_segments: Tensor | None = None,  # (B, Tk) int
     bias: Tensor | None = None,  # (B|1, H, Tq, Tk) float score bias (ALiBi, T5)
-    window: int | None = None,  # keys per query, the query included (None = global)
+    window: int | Pattern | None = None,  # keys per query, the query included (None = global)
     q_order: Tensor | None = None,  # (B, Tq) int, token orders
     k_order: Tensor | None = None,  # (B, Tk) int
+    q_doc: Tensor | None = None,  # (B, Tq) int, document orders (a Pattern's rules)
+    k_doc: Tensor | None = None,  # (B, Tk) int
     device: torch.device | None = None,
 ) -> Visibility:
     """Visibility for self-attention of ``q_len`` new queries over ``k_len`` keys; with a
     ``window``, only keys within it (orders given, or counted from ``key_valid`` over the key
     buffer, whose last ``q_len`` keys are the queries). Given orders (a cache whose keys are
     not in buffer order: local rings, the static cache's whole buffer), causality is by
-    order."""
+    order. A :class:`Pattern`'s document orders are counted from the segments of one
+    forward (``q_len == k_len``) unless given; without segments they are the token orders."""
     if window is None and key_valid is None and q_segments is None and bias is None:
         if not causal or q_len == 1:  # one new query sees every cached key
             return EVERYTHING
@@ -143,8 +237,12 @@ def self_visibility(
             q_order = k_order[:, k_len - q_len:]
             if causal:
                 allowed = causal_allowed(q_len, k_len, device)[None, None]
+            if isinstance(window, Pattern) and k_doc is None and k_segments is not None:
+                assert q_len == k_len, "document orders of a cache are its token orders"
+                k_doc = q_doc = document_order(k_order, k_segments, key_valid)
         assert q_order is not None, "k_order without q_order"
-        near = window_allowed(q_order, k_order, window, causal=causal)
+        near = window_allowed(q_order, k_order, window, causal=causal, q_doc=q_doc,
+                              k_doc=k_doc)
         allowed = near if allowed is None else allowed & near
     elif causal:
         allowed = causal_allowed(q_len, k_len, device)[None, None]  # (1, 1, Tq, Tk)
@@ -160,6 +258,27 @@ def self_visibility(
     if allowed is None:
         return Visibility(allowed=bias, causal=False)
     return Visibility(allowed=bias.masked_fill(~allowed, float("-inf")), causal=False)
+
+
+def with_sink(vis: Visibility, logits: Tensor, q_len: int, k_len: int) -> Visibility:
+    """``vis`` over one more key, the last, visible to every query with the additive score
+    ``logits`` (H,) per head: a learned attention sink (its value is zero). Additive float
+    scores (B|1, H, Tq, Tk + 1) in ``logits``' dtype; a padding query then attends to the
+    sink alone (output zero, never NaN)."""
+    allowed = vis.allowed
+    if allowed is None and vis.causal:
+        allowed = causal_allowed(q_len, k_len, logits.device)[None, None]
+    zeros = logits.new_zeros(1, 1, q_len, k_len)
+    if allowed is None:
+        scores = zeros
+    elif allowed.dtype == torch.bool:
+        scores = zeros.masked_fill(~allowed, float("-inf"))
+    else:
+        scores = allowed.to(logits.dtype)
+    h = logits.shape[0]
+    scores = scores.expand(scores.shape[0], h, q_len, k_len)
+    sink = logits.view(1, h, 1, 1).expand(scores.shape[0], h, q_len, 1)
+    return Visibility(allowed=torch.cat((scores, sink), -1), causal=False)
 
 
 def document_starts(segments: Tensor, valid: Tensor | None = None) -> Tensor:
@@ -219,58 +338,6 @@ def chunk_visibility(docs: Tensor | None, valid: Tensor | None, chunk: int, *,
                            kept=real & (d == last[..., None]))
 
 
-def band_reach(window: int, *, causal: bool) -> int:
-    """Keys a local query reaches on one side: ``window - 1`` back (causal) or
-    ``(window - 1) // 2`` each way (bidirectional)."""
-    return window - 1 if causal else (window - 1) // 2
-
-
-def band_blocks(x: Tensor, block: int, *, causal: bool, fill: float | int | bool = 0) -> Tensor:
-    """(B, nb·L, ...) -> (B, nb, K, ...): for every block of ``L = block`` queries, the keys it
-    may reach — the previous block and its own (causal, ``K = 2L``), or the previous, its own
-    and the next (bidirectional, ``K = 3L``); blocks beyond the ends read ``fill``. With
-    ``L >= band_reach(window)`` every key within a query's window is in its band."""
-    b, t = x.shape[:2]
-    nb = t // block
-    blocks = x.reshape(b, nb, block, *x.shape[2:])  # (B, nb, L, ...)
-    edge = torch.full_like(blocks[:, :1], fill)
-    prev = torch.cat((edge, blocks[:, :-1]), 1)
-    parts = [prev, blocks]
-    if not causal:
-        parts.append(torch.cat((blocks[:, 1:], edge), 1))
-    return torch.cat(parts, 2)  # (B, nb, K, ...)
-
-
-def banded_visibility(
-    *,
-    causal: bool,
-    window: int,
-    block: int,
-    order: Tensor,  # (B, nb·L) token orders, queries and keys alike (one forward, no cache)
-    valid: Tensor,  # (B, nb·L) bool: a real token (blocks past the end are padding)
-    segments: Tensor | None = None,  # (B, nb·L)
-    bias: Tensor | None = None,  # (B·nb, H, L, K) score bias of the blocked layout
-) -> Visibility:
-    """The window rule, the padding rule and the document rule of :func:`self_visibility`,
-    for the blocked layout of :func:`band_blocks`: (B·nb, 1, L, K) — query block ``i`` over
-    the keys of its band. Orders must grow by one per real token along the row (real tokens
-    contiguous: callers move padding to the end first), so the band holds the whole
-    window."""
-    b, t = order.shape
-    nb = t // block
-    q_order = order.reshape(b * nb, block)
-    k_order = band_blocks(order, block, causal=causal, fill=-(1 << 30)).reshape(b * nb, -1)
-    k_valid = band_blocks(valid, block, causal=causal, fill=False).reshape(b * nb, -1)
-    seg_q = seg_k = None
-    if segments is not None:
-        seg_q = segments.reshape(b * nb, block)
-        seg_k = band_blocks(segments, block, causal=causal, fill=-1).reshape(b * nb, -1)
-    return self_visibility(causal=causal, q_len=block, k_len=k_order.shape[1],
-                           key_valid=k_valid, q_segments=seg_q, k_segments=seg_k, bias=bias,
-                           window=window, q_order=q_order, k_order=k_order,
-                           device=order.device)
-
-
 def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = None,
                      k_segments: Tensor | None = None) -> Visibility:
     """Visibility of decoder queries over encoder outputs: only real (non-padding) sources, and
@@ -280,3 +347,13 @@ def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = No
         same = q_segments[:, None, :, None] == k_segments[:, None, None, :]  # (B, 1, Tq, S)
         allowed = same if allowed is None else allowed & same
     return EVERYTHING if allowed is None else Visibility(allowed=allowed, causal=False)
+
+
+# the blocked layout of these rules (banded windows, chunks and sinks), beside them
+from blocklab.model.bands import Band, band_blocks, band_reach, banded_visibility  # noqa: E402
+
+__all__ = ["EVERYTHING", "Band", "ChunkVisibility", "Pattern", "Visibility", "band_blocks",
+           "band_reach", "banded_visibility", "causal_allowed", "chunk_visibility",
+           "cross_visibility", "document_order", "document_starts", "layer_pattern",
+           "layer_window", "local_layer", "self_visibility", "token_order", "unpack",
+           "window_allowed"]

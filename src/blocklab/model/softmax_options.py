@@ -28,6 +28,15 @@ class SoftmaxOptions:
     layers: list[str] = field(default_factory=list)  # or per layer: global / local, repeated
     scale: float | None = None  # score scale; null = 1/sqrt(d_head) (T5: 1.0)
     dropout: float = 0.0  # on the attention probabilities (self- and cross-attention)
+    # attention patterns (docs/mixers.md "Attention patterns"; the rules: masks.py)
+    sinks: int = 0  # local layers: the first n real tokens of each document stay visible
+    learned_sink: bool = False  # a learned per-head sink logit (every softmax self-attention)
+    # local layers attend within chunks of this many tokens of their document (Llama 4's
+    # attention_chunk_size), instead of a window; global_every / layers say which are global
+    attention_chunk: int | None = None
+    global_rope: bool = True  # false: the global layers of a local stack rotate nothing
+    global_temperature: float = 0.0  # Llama 4's attn_scale on those no-rotary global layers
+    temperature_floor: int = 8192  # Llama 4's floor_scale
 
 
 def softmax_options(m: ModelConfig) -> SoftmaxOptions:
@@ -43,21 +52,50 @@ def check_values(opts: SoftmaxOptions, key: str) -> None:
     w, every, kinds = opts.window, opts.global_every, opts.layers
     require(w is None or (isinstance(w, int) and w >= 1), f"{key}.window", w,
             "must be null (global attention) or >= 1 (keys per query, the query included)")
+    check_patterns(opts, key)
+    local = w is not None or opts.attention_chunk is not None
     require(every == 0 or every >= 2, f"{key}.global_every", every,
             "must be 0 (every layer local) or >= 2 (layers n, 2n, ... global)")
-    require(every == 0 or w is not None, f"{key}.global_every", every,
-            f"needs {key}.window (null: every layer is already global)")
+    require(every == 0 or local, f"{key}.global_every", every,
+            f"needs {key}.window or {key}.attention_chunk (null: every layer is already "
+            "global)")
     if not kinds:
         return
     bad = [x for x in kinds if x not in LAYER_KINDS]
     require(not bad, f"{key}.layers", kinds, f"entries must be one of "
             f"{', '.join(LAYER_KINDS)} (not {bad[0]!r})" if bad else "")
-    require(w is not None, f"{key}.layers", kinds,
-            f"needs {key}.window (null: every layer is already global)")
+    require(local, f"{key}.layers", kinds, f"needs {key}.window or {key}.attention_chunk "
+            "(null: every layer is already global)")
     require(every == 0, f"{key}.layers", kinds, f"says which layers are global, and so "
             f"does {key}.global_every={every}", "set global_every: 0 with an explicit list")
     require("local" in kinds, f"{key}.layers", kinds, "no layer would be local, so the "
             "window would change nothing", "window: null makes every layer global")
+
+
+def check_patterns(opts: SoftmaxOptions, key: str) -> None:
+    """The attention patterns' values (sinks, chunks, the global layers' rotary and
+    temperature), each refused in one line."""
+    w, chunk, n = opts.window, opts.attention_chunk, opts.sinks
+    require(chunk is None or (isinstance(chunk, int) and chunk >= 1), f"{key}.attention_chunk",
+            chunk, "must be null (no chunks) or >= 1 (tokens per chunk of a document)")
+    require(chunk is None or w is None, f"{key}.attention_chunk", chunk,
+            f"and {key}.window={w} both say what a local layer sees: set one of them")
+    require(isinstance(n, int) and n >= 0, f"{key}.sinks", n,
+            "must be an integer >= 0 (first tokens of each document kept visible)")
+    require(n == 0 or w is not None or chunk is not None, f"{key}.sinks", n,
+            f"needs {key}.window or {key}.attention_chunk: a global layer already sees "
+            "every earlier token")
+    local = w is not None or chunk is not None
+    require(opts.global_rope or local, f"{key}.global_rope", opts.global_rope,
+            f"false needs {key}.window or {key}.attention_chunk (the global layers of a "
+            "local stack drop rotary angles)")
+    t = opts.global_temperature
+    require(finite(t) and t >= 0, f"{key}.global_temperature", t, "must be finite and >= 0")
+    require(t == 0 or not opts.global_rope, f"{key}.global_temperature", t,
+            f"tunes the no-rotary global layers only: needs {key}.global_rope=false")
+    f = opts.temperature_floor
+    require(isinstance(f, int) and f >= 1, f"{key}.temperature_floor", f,
+            "must be an integer >= 1 (tokens per temperature step)")
 
 
 def check_window(m: ModelConfig, opts: SoftmaxOptions, *, causal: bool, key: str) -> None:
@@ -69,7 +107,11 @@ def check_window(m: ModelConfig, opts: SoftmaxOptions, *, causal: bool, key: str
     require(w is None or causal or w % 2 == 1, f"{key}.window", w,
             f"must be odd for family {m.family.name!r}: a bidirectional stack sees "
             "(window - 1) / 2 tokens on each side")
-    if w is None:
+    rotary = lookup("position", m.position.name).has_rotary()
+    require(opts.global_rope or rotary, f"{key}.global_rope",
+            opts.global_rope, f"false drops rotary angles, but model.position.name="
+            f"{m.position.name!r} has none", "use model/position=rope or global_rope: true")
+    if w is None and opts.attention_chunk is None:
         return
     stacks = lookup("family", m.family.name).stacks(m)
     deepest = max(n for n, _, _ in stacks)  # a shallower stack may be all local

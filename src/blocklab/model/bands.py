@@ -1,0 +1,140 @@
+"""The blocked layout of masks.py's rules for local layers: blocks of ``L`` queries, each over
+the keys of its *band* (the previous and its own block of keys; encoders also the next) and,
+with attention sinks, the first ``n`` tokens of the one document that can begin before the
+band. Every key of a query's window, chunk or sinks is in its band or its extras, and each key
+appears once, so a local layer costs time and memory proportional to ``T · (L + n)`` instead of
+``T²``. Which of those keys a query sees is then decided by the same predicates as the dense
+mask (:func:`~blocklab.model.masks.self_visibility`, applied here per band); masks.py
+re-exports these names.
+
+Shapes: B batch, nb blocks of L queries, K keys of a band (2L causal, 3L bidirectional), n
+sinks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from blocklab.model import masks
+
+#: the order a key beyond either end of the row gets (never within a window)
+FAR = -(1 << 30)
+
+
+def band_reach(window: int | masks.Pattern, *, causal: bool) -> int:
+    """Keys a local query reaches on one side: ``window - 1`` back (causal) or
+    ``(window - 1) // 2`` each way (bidirectional); a chunk ``c``: ``c - 1`` either way."""
+    if isinstance(window, masks.Pattern):
+        return window.reach(causal=causal)
+    return window - 1 if causal else (window - 1) // 2
+
+
+def band_blocks(x: Tensor, block: int, *, causal: bool, fill: float | int | bool = 0) -> Tensor:
+    """(B, nb·L, ...) -> (B, nb, K, ...): for every block of ``L = block`` queries, the keys it
+    may reach — the previous block and its own (causal, ``K = 2L``), or the previous, its own
+    and the next (bidirectional, ``K = 3L``); blocks beyond the ends read ``fill``. With
+    ``L >= band_reach(window)`` every key within a query's window is in its band."""
+    b, t = x.shape[:2]
+    nb = t // block
+    blocks = x.reshape(b, nb, block, *x.shape[2:])  # (B, nb, L, ...)
+    edge = torch.full_like(blocks[:, :1], fill)
+    prev = torch.cat((edge, blocks[:, :-1]), 1)
+    parts = [prev, blocks]
+    if not causal:
+        parts.append(torch.cat((blocks[:, 1:], edge), 1))
+    return torch.cat(parts, 2)  # (B, nb, K, ...)
+
+
+@dataclass(frozen=True)
+class Band:
+    """The keys of every query block of one forward's compacted rows (real tokens first, so
+    orders grow by one along a row): its band (:func:`band_blocks`) then its ``n`` sink keys
+    — the first ``n`` tokens of the document holding the band's first key, the only document
+    of the block's queries that can begin before the band (``n <= L``: a document beginning
+    inside the band has its sinks there). A sink key already inside the band is not
+    ``fresh``: invalid here, so no key is counted twice."""
+
+    block: int
+    causal: bool
+    extra: Tensor | None = None  # (B, nb, n) indices of the sink keys into the row
+    fresh: Tensor | None = None  # (B, nb, n) bool: the sink key lies before the band
+
+    @staticmethod
+    def of(length: int, block: int, *, causal: bool, sinks: int = 0,
+           segments: Tensor | None = None, batch: int = 1,
+           device: torch.device | None = None) -> Band:
+        """The band of rows of ``length = nb·L`` slots (``segments``: their packed
+        documents, contiguous runs; None: one document per row)."""
+        if not sinks:
+            return Band(block, causal)
+        assert sinks <= block, "sinks beyond a block could begin outside the band"
+        nb = length // block
+        first = (torch.arange(nb, device=device) - 1) * block  # (nb,) each band's first key
+        if segments is None:
+            start = torch.zeros(batch, nb, dtype=torch.long, device=device)
+        else:
+            idx = torch.arange(length, device=device).expand_as(segments)
+            starts = masks.document_starts(segments)
+            doc_first = torch.where(starts, idx, 0).cummax(-1).values  # (B, T)
+            start = doc_first[:, first.clamp(min=0)]  # (B, nb)
+        extra = start[..., None] + torch.arange(sinks, device=device)  # (B, nb, n)
+        fresh = extra < first[None, :, None]
+        return Band(block, causal, extra.clamp(max=length - 1), fresh)
+
+    def keys(self, x: Tensor, fill: float | int | bool = 0) -> Tensor:
+        """(B, nb·L, ...) -> (B·nb, K + n, ...): each query block's keys (band, then sinks)."""
+        band = band_blocks(x, self.block, causal=self.causal, fill=fill)  # (B, nb, K, ...)
+        b, nb = band.shape[:2]
+        if self.extra is not None:
+            n = self.extra.shape[-1]
+            idx = self.extra.reshape(b, nb * n, *(1,) * (x.dim() - 2))
+            sink = x.gather(1, idx.expand(b, nb * n, *x.shape[2:]))
+            band = torch.cat((band, sink.reshape(b, nb, n, *x.shape[2:])), 2)
+        return band.reshape(b * nb, -1, *x.shape[2:])
+
+    def valid(self, real: Tensor) -> Tensor:
+        """(B, nb·L) real tokens -> (B·nb, K + n): a key that exists, and a sink key only
+        where it is fresh (not already in the band)."""
+        k = self.keys(real, False)
+        if self.fresh is None:
+            return k
+        n = self.fresh.shape[-1]
+        return torch.cat((k[:, :-n], k[:, -n:] & self.fresh.reshape(-1, n)), 1)
+
+
+def banded_visibility(
+    *,
+    causal: bool,
+    window: int | masks.Pattern,
+    block: int,
+    order: Tensor,  # (B, nb·L) token orders, queries and keys alike (one forward, no cache)
+    valid: Tensor,  # (B, nb·L) bool: a real token (blocks past the end are padding)
+    segments: Tensor | None = None,  # (B, nb·L)
+    bias: Tensor | None = None,  # (B·nb, H, L, K + n) score bias of the blocked layout
+    band: Band | None = None,  # the keys of each block (default: the band alone)
+) -> masks.Visibility:
+    """The window rule (or a :class:`~blocklab.model.masks.Pattern`'s), the padding rule and
+    the document rule of :func:`~blocklab.model.masks.self_visibility`, for the blocked
+    layout of :class:`Band`: (B·nb, 1, L, K + n) — query block ``i`` over its keys. Orders
+    must grow by one per real token along the row (real tokens contiguous: callers move
+    padding to the end first), so the band holds the whole window."""
+    b, t = order.shape
+    nb = t // block
+    band = band or Band(block, causal)
+    q_order = order.reshape(b * nb, block)
+    k_order = band.keys(order, FAR)
+    k_valid = band.valid(valid)
+    seg_q = seg_k = q_doc = k_doc = None
+    if segments is not None:
+        seg_q = segments.reshape(b * nb, block)
+        seg_k = band.keys(segments, -1)
+    if isinstance(window, masks.Pattern):
+        doc = masks.document_order(order, segments, valid)
+        q_doc, k_doc = doc.reshape(b * nb, block), band.keys(doc, FAR)
+    return masks.self_visibility(causal=causal, q_len=block, k_len=k_order.shape[1],
+                                 key_valid=k_valid, q_segments=seg_q, k_segments=seg_k,
+                                 bias=bias, window=window, q_order=q_order, k_order=k_order,
+                                 q_doc=q_doc, k_doc=k_doc, device=order.device)
