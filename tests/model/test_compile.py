@@ -59,7 +59,13 @@ def _values(cfg: ModelConfig) -> set[tuple[str, object]]:
             ("block", cfg.block.name), ("ffn", cfg.ffn.name),
             ("window", (cfg.mixer.get("window"), cfg.mixer.get("global_every", 0))),
             *(("mixer", n) for n in {*cfg.mixer.pattern, cfg.mixer.name}),
-            ("hybrid", tuple(cfg.mixer.pattern))}
+            ("hybrid", tuple(cfg.mixer.pattern)),
+            ("pattern", tuple(sorted((k, str(v)) for k, v in cfg.mixer.items()
+                                     if k in PATTERN_KEYS)))}
+
+
+#: softmax's attention-pattern options (variants.py PATTERNS): each pattern is an axis value
+PATTERN_KEYS = ("sinks", "learned_sink", "attention_chunk", "global_rope")
 
 
 COVER = covering(grid())
@@ -116,7 +122,7 @@ def one_layer(cfg: ModelConfig) -> ModelConfig:
     """The variant with one layer per stack (tracing time grows with depth; a layer traces
     alike at any depth), unless a window pattern needs its local and global layers or a
     hybrid its layers of every mixer."""
-    if (cfg.mixer.get("window") is not None and cfg.mixer.get("global_every")) or cfg.mixer.pattern:
+    if cfg.mixer.get("global_every") or cfg.mixer.pattern:
         return cfg
     enc = 1 if cfg.family.name == ED else None
     return replace(cfg, n_layers=1, family=replace(cfg.family, n_encoder_layers=enc))
