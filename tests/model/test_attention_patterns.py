@@ -38,6 +38,9 @@ CASES = [
     ("w3-learned", {"window": 3, "learned_sink": True}),
     ("chunk4", {"attention_chunk": 4}),
     ("chunk5-sinks2", {"attention_chunk": 5, "sinks": 2}),
+    ("w3-global2", {"window": 3, "global_tokens": 2}),
+    ("chunk4-global1-sinks3-learned", {"attention_chunk": 4, "global_tokens": 1, "sinks": 3,
+                                       "learned_sink": True}),
 ]
 
 
@@ -71,11 +74,13 @@ def _case(causal: bool, options: dict, t: int = 29):
 
 
 def _naive(attn: SoftmaxAttention, x, valid, segments, *, window=None, sinks=0, chunk=None,
-           causal=True, learned=True, prev_chunk=False):
+           causal=True, learned=True, prev_chunk=False, global_tokens=0, global_rows=True):
     """Per query, in plain Python: attention over the real keys of its document that are
     within the window (or its chunk of the document), or among the document's first
-    ``sinks`` real tokens; causal: not after it. With a learned sink, one more logit per head
-    in the denominator. ``prev_chunk``: a broken rule (a chunk also sees the previous one)."""
+    ``sinks`` or ``global_tokens`` real tokens, or every key of it for a global query (one of
+    those first ``global_tokens``); causal: not after it. With a learned sink, one more logit
+    per head in the denominator. Broken rules: ``prev_chunk`` (a chunk also sees the previous
+    one), ``global_rows=False`` (global queries see only their window)."""
     b, t, _ = x.shape
     h, dh = attn.n_heads, attn.d_head
     q, k, v = attn.qkv(x).split(h * dh, dim=-1)
@@ -106,7 +111,8 @@ def _naive(attn: SoftmaxAttention, x, valid, segments, *, window=None, sinks=0, 
                     near = gap == 0 or (prev_chunk and gap == 1)
                 else:
                     near = d <= window - 1 if causal else abs(d) <= (window - 1) // 2
-                if near or doc[j] < sinks:
+                query_global = global_rows and doc[i] < global_tokens
+                if near or doc[j] < max(sinks, global_tokens) or query_global:
                     keys.append(j)
             for hh in range(h):
                 scores = torch.stack([(q[r, i, hh] * k[r, j, hh]).sum() * scale for j in keys])
@@ -130,7 +136,8 @@ def test_blocked_pattern_equals_the_dense_mask_and_a_per_query_loop(causal, opti
     packed documents, an odd length."""
     torch.manual_seed(3)
     attn, x, valid, segments, seq = _case(causal, options)
-    window, sinks, chunk = masks.unpack(attn.window)
+    window, _, chunk = masks.unpack(attn.window)
+    sinks, g = options.get("sinks", 0), options.get("global_tokens", 0)
     with torch.no_grad():
         monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)
         assert 2 * attn.block > x.shape[1]  # the dense path
@@ -141,21 +148,23 @@ def test_blocked_pattern_equals_the_dense_mask_and_a_per_query_loop(causal, opti
             banded = _run(attn, x, seq)
             torch.testing.assert_close(banded[valid], dense[valid], atol=1e-5, rtol=0)
         want = _naive(attn, x, valid, segments, window=window, sinks=sinks, chunk=chunk,
-                      causal=causal)
+                      causal=causal, global_tokens=g)
     torch.testing.assert_close(dense[valid], want[valid], atol=1e-5, rtol=0)
     assert not dense.isnan().any()  # padding queries included
     # negative controls: the loop tells a pattern from its broken forms
     with torch.no_grad():
         broken = []
-        if sinks:
-            broken.append(_naive(attn, x, valid, segments, window=window, chunk=chunk,
-                                 causal=causal))  # the sinks dropped
+        rules = {"window": window, "sinks": sinks, "chunk": chunk, "causal": causal,
+                 "global_tokens": g}
+        if sinks or g:  # the sinks / global keys dropped
+            broken.append(_naive(attn, x, valid, segments, **{**rules, "sinks": 0,
+                                                               "global_tokens": 0}))
         if chunk is not None:
-            broken.append(_naive(attn, x, valid, segments, sinks=sinks, chunk=chunk,
-                                 causal=causal, prev_chunk=True))
+            broken.append(_naive(attn, x, valid, segments, **rules, prev_chunk=True))
         if attn.sink is not None:
-            broken.append(_naive(attn, x, valid, segments, window=window, sinks=sinks,
-                                 chunk=chunk, causal=causal, learned=False))
+            broken.append(_naive(attn, x, valid, segments, **rules, learned=False))
+        if g and not causal:
+            broken.append(_naive(attn, x, valid, segments, **rules, global_rows=False))
     assert broken
     for wrong in broken:
         assert not torch.allclose(wrong[valid], dense[valid], atol=1e-3)
@@ -180,6 +189,28 @@ def test_blocked_sinks_negative_controls_are_caught(causal, fault, monkeypatch):
             monkeypatch.setattr(bands.Band, "valid", lambda self, real: self.keys(real, False))
         wrong = _run(attn, x, seq)
     assert not torch.allclose(wrong[valid], dense[valid], atol=1e-3)
+
+
+def test_blocked_global_queries_negative_control_is_caught(monkeypatch):
+    """An encoder's global queries need their dense pass: without it (banded rows only) the
+    blocked result leaves the dense mask's; causal global tokens are sinks, no pass needed."""
+    torch.manual_seed(4)
+    attn, x, valid, _, seq = _case(False, {"window": 3, "global_tokens": 2})
+    with torch.no_grad():
+        unpacked = dataclasses.replace(seq, segments=None)  # G = global_tokens, no count read
+        monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)
+        dense, dense_unpacked = _run(attn, x, seq), _run(attn, x, unpacked)
+        monkeypatch.setattr(attention, "MIN_BLOCK", 6)
+        torch.testing.assert_close(_run(attn, x, unpacked)[valid], dense_unpacked[valid],
+                                   atol=1e-5, rtol=0)
+        monkeypatch.setattr(SoftmaxAttention, "_global_rows", lambda self, o, *a: o)
+        wrong = _run(attn, x, seq)
+    assert not torch.allclose(wrong[valid], dense[valid], atol=1e-3)
+    causal = masks.Pattern(window=3, global_tokens=2)
+    order = torch.arange(12)[None]
+    same = masks.window_allowed(order, order, causal, causal=True)
+    sinks = masks.window_allowed(order, order, masks.Pattern(window=3, sinks=2), causal=True)
+    assert torch.equal(same, sinks)
 
 
 def test_a_learned_sink_trains_and_absorbs_attention():
@@ -305,6 +336,8 @@ def test_no_rotary_global_layers_ignore_positions_and_chunked_layers_rotate():
 
 @pytest.mark.parametrize(("family", "options", "key", "words"), [
     (DEC, {"sinks": 2}, "model.mixer.sinks=2", "needs model.mixer.window or"),
+    (ENC, {"global_tokens": 1}, "model.mixer.global_tokens=1", "needs model.mixer.window or"),
+    (ENC, {"window": 3, "global_tokens": -2}, "model.mixer.global_tokens=-2", ">= 0"),
     (DEC, {"window": 3, "sinks": -1}, "model.mixer.sinks=-1", ">= 0"),
     (DEC, {"attention_chunk": 0}, "model.mixer.attention_chunk=0", ">= 1"),
     (DEC, {"attention_chunk": 4, "window": 3}, "model.mixer.attention_chunk=4", "set one"),

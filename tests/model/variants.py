@@ -50,13 +50,15 @@ STYLES = list(itertools.product(names("norm"), names("block"), names("ffn")))  #
 LOCAL = [(3, 0), (5, 2)]
 # softmax's attention patterns (docs/mixers.md "Attention patterns"), one variant per family ×
 # pattern: sinks beside a window (shorter than the tests' sequences, sinks before the band), a
-# learned sink, chunks (all chunked; chunked + no-rotary global layers with temperature)
+# learned sink, chunks (all chunked; chunked + no-rotary global layers with temperature),
+# global tokens beside a window
 PATTERNS: list[dict[str, object]] = [
     {"window": 3, "sinks": 2},
     {"window": 5, "global_every": 2, "sinks": 1, "learned_sink": True},
     {"attention_chunk": 4},
     {"attention_chunk": 3, "global_every": 2, "sinks": 1, "global_rope": False,
      "global_temperature": 0.5, "temperature_floor": 4},
+    {"window": 3, "global_tokens": 1, "learned_sink": True},
 ]
 
 

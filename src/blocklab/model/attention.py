@@ -1,7 +1,8 @@
-"""Softmax attention: the ``softmax`` sequence mixer (full, local/windowed, fixed-shape),
-cross-attention, and the head layouts (MHA / GQA / MQA). Its decode states and the key books
-they share (``History`` / ``Ring`` / ``Fixed``, cross-attention's ``CrossKV``) are in kv.py. Which key a query
-may see is decided in masks.py only; this file consumes a
+"""Softmax attention: the ``softmax`` sequence mixer (full, local/windowed, patterned,
+fixed-shape) and cross-attention; the head layouts (MHA / GQA / MQA) are in head_layouts.py.
+Its decode states and the key books they share (``History`` / ``Ring`` / ``Fixed``,
+cross-attention's ``CrossKV``) are in kv.py; the blocked layout of local layers in bands.py.
+Which key a query may see is decided in masks.py only; this file consumes a
 :class:`~blocklab.model.masks.Visibility` from :meth:`Sequence.visibility
 <blocklab.model.mixer.Sequence.visibility>`.
 
@@ -16,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
-from blocklab.config.checks import require
 from blocklab.model import masks, seqops
 from blocklab.model.cache import check_no_grad
+from blocklab.model.head_layouts import ATTENTIONS, GQA, MHA, MQA, HeadLayout  # noqa: F401
 from blocklab.model.kv import (
     CrossKV,
     FixedKVState,
@@ -189,8 +190,28 @@ class SoftmaxAttention(Mixer):
         q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
         kv = band.keys(qkv[:, :, h:]).transpose(1, 2)  # (B·nb, 2Hkv, K + n, D)
         o = _sdpa(self, q, kv[:, :hkv], kv[:, hkv:], vis)  # (B·nb, H, L, D)
-        o = o.transpose(1, 2).reshape(b, tp, -1)[:, :t]  # (B, T, H·D)
-        return rows.scatter(o)  # back to the caller's token order
+        o = o.transpose(1, 2).reshape(b, tp, -1)  # (B, T', H·D)
+        if getattr(self.window, "global_tokens", 0) and not self.causal:
+            o = self._global_rows(o, qkv, positions, real, segments, seq)
+        return rows.scatter(o[:, :t])  # back to the caller's token order
+
+    def _global_rows(self, o: Tensor, qkv: Tensor, positions: Tensor, real: Tensor,
+                     segments: Tensor | None, seq: Sequence) -> Tensor:
+        """A bidirectional layer's global queries (Longformer) see their whole document: one
+        dense pass of those G queries over the T keys (cost G·T), written over their banded
+        rows of ``o`` (B, T, H·D); compacted rows (real tokens first)."""
+        b, tp = real.shape
+        h, hkv = self.n_heads, self.n_kv_heads
+        ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
+        idx, ok, vis = masks.global_queries(self.window, ranks, real, segments, positions,
+                                            seq.position)
+        g = idx.shape[1]
+        at = idx[..., None, None].expand(b, g, h, qkv.shape[-1])
+        q = qkv[:, :, :h].gather(1, at).transpose(1, 2)  # (B, G, H, D) -> (B, H, G, D)
+        k, v = qkv[:, :, h:h + hkv].transpose(1, 2), qkv[:, :, h + hkv:].transpose(1, 2)
+        og = _merge(_sdpa(self, q, k, v, vis))  # (B, G, H·D)
+        at = idx[..., None].expand(b, g, o.shape[-1])
+        return o.scatter(1, at, torch.where(ok[..., None], og, o.gather(1, at)))
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
@@ -210,13 +231,16 @@ class SoftmaxAttention(Mixer):
     @classmethod
     def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:
         """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311),
-        ``min(window + sinks, T)`` (a local one: the blocked computation never scores far
-        keys) or ``min(chunk + sinks, T)`` (a chunked one)."""
+        ``min(window + n, T)`` (a local one: the blocked computation never scores far keys;
+        ``n`` = sinks or global tokens, whichever is more) or ``min(chunk + n, T)`` (a chunked
+        one). An encoder's global tokens also score every key: ``g · T`` more pairs per row,
+        ``g`` per token, counted as ``2 n`` here."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
         if pattern is None:
             return seq_len
-        window, sinks, chunk = masks.unpack(pattern)
-        return min((chunk if chunk is not None else window) + sinks, seq_len)  # type: ignore
+        window, kept, chunk = masks.unpack(pattern)
+        kept += pattern.global_tokens if isinstance(pattern, masks.Pattern) else 0
+        return min((chunk if chunk is not None else window) + kept, seq_len)  # type: ignore
 
     @classmethod
     def flops_per_token(cls, m: ModelConfig, layer: int, *, seq_len: int,
@@ -245,9 +269,13 @@ class SoftmaxAttention(Mixer):
         if pattern is None:
             nope = not opts.global_rope and (opts.window or opts.attention_chunk)
             return f"(global{', no rotary' if nope else ''}{sink})"
-        window, sinks, chunk = masks.unpack(pattern)
+        window, _, chunk = masks.unpack(pattern)
         what = f"chunked, chunk {chunk}" if chunk is not None else f"local, window {window}"
-        return f"({what}{f', {sinks} sinks' if sinks else ''}{sink})"
+        if isinstance(pattern, masks.Pattern) and pattern.sinks:
+            what += f", {pattern.sinks} sinks"
+        if isinstance(pattern, masks.Pattern) and pattern.global_tokens:
+            what += f", {pattern.global_tokens} global tokens"
+        return f"({what}{sink})"
 
     @classmethod
     def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:
@@ -265,6 +293,8 @@ class SoftmaxAttention(Mixer):
             rows.append(("attention window", f"{opts.window} tokens ({pattern})"))
         if opts.sinks:
             rows.append(("attention sinks", f"first {opts.sinks} tokens of each document"))
+        if opts.global_tokens:
+            rows.append(("global tokens", f"first {opts.global_tokens} tokens of each document"))
         if not opts.global_rope:
             t = opts.global_temperature
             rows.append(("global layers", "no rotary angles" + (
@@ -327,70 +357,3 @@ class CrossAttention(nn.Module):
     def new_state(self) -> CrossKV:
         """The decode state: the source's K/V, kept from the first forward on."""
         return CrossKV()
-
-
-# ------------------------------------------------------------------------------ head layouts
-
-class HeadLayout:
-    """How query heads share key/value heads (``model.attention.name``), for every mixer that
-    has heads: ``kv_heads`` resolves the count and ``check`` states the layout's rule (the
-    validator asks the layout, so a registered one brings its own)."""
-
-    @classmethod
-    def kv_heads(cls, cfg: AttentionConfig, n_heads: int) -> int:
-        return n_heads if cfg.n_kv_heads is None else cfg.n_kv_heads
-
-    @classmethod
-    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
-        kv = cls.kv_heads(cfg, n_heads)
-        require(1 <= kv <= n_heads and n_heads % kv == 0, f"{key}.n_kv_heads", kv,
-                f"must be in [1, n_heads={n_heads}] and divide n_heads")
-
-
-class MHA(HeadLayout):
-    """One K/V head per query head."""
-
-    @classmethod
-    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
-        super().check(cfg, n_heads, key)
-        kv = cls.kv_heads(cfg, n_heads)
-        require(kv == n_heads, f"{key}.n_kv_heads", kv,
-                f"mha needs n_kv_heads == n_heads={n_heads}", "use model/attention=gqa or mqa")
-
-
-class GQA(HeadLayout):
-    """Groups of query heads share a K/V head ("GQA", arXiv 2305.13245): n_kv_heads set."""
-
-    @classmethod
-    def kv_heads(cls, cfg: AttentionConfig, n_heads: int) -> int:
-        require(cfg.n_kv_heads is not None, "model.attention.n_kv_heads", None,
-                "gqa needs n_kv_heads set", "e.g. model.attention.n_kv_heads=2")
-        return cfg.n_kv_heads  # type: ignore[return-value]
-
-    @classmethod
-    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
-        super().check(cfg, n_heads, key)
-        kv = cls.kv_heads(cfg, n_heads)
-        require(1 < kv < n_heads, f"{key}.n_kv_heads", kv,
-                f"gqa needs 1 < n_kv_heads < n_heads={n_heads}", "use mha or mqa")
-
-
-class MQA(HeadLayout):
-    """One K/V head for all query heads ("Fast Transformer Decoding", arXiv 1911.02150)."""
-
-    @classmethod
-    def kv_heads(cls, cfg: AttentionConfig, n_heads: int) -> int:
-        return 1 if cfg.n_kv_heads is None else cfg.n_kv_heads
-
-    @classmethod
-    def check(cls, cfg: AttentionConfig, n_heads: int, key: str) -> None:
-        super().check(cfg, n_heads, key)
-        kv = cls.kv_heads(cfg, n_heads)
-        require(kv == 1, f"{key}.n_kv_heads", kv, "mqa needs n_kv_heads == 1")
-
-
-ATTENTIONS: dict[str, type[HeadLayout]] = {
-    "mha": MHA,
-    "gqa": GQA,
-    "mqa": MQA,
-}

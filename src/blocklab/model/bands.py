@@ -14,11 +14,15 @@ sinks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from blocklab.model import masks
+
+if TYPE_CHECKING:
+    from blocklab.model.position import Position
 
 #: the order a key beyond either end of the row gets (never within a window)
 FAR = -(1 << 30)
@@ -138,3 +142,30 @@ def banded_visibility(
                                  key_valid=k_valid, q_segments=seg_q, k_segments=seg_k,
                                  bias=bias, window=window, q_order=q_order, k_order=k_order,
                                  q_doc=q_doc, k_doc=k_doc, device=order.device)
+
+
+def global_queries(pattern: masks.Pattern, order: Tensor, valid: Tensor,
+                   segments: Tensor | None, positions: Tensor,
+                   position: Position) -> tuple[Tensor, Tensor, masks.Visibility]:
+    """The global queries of compacted rows (``order`` growing by one per real token): the
+    first ``g = pattern.global_tokens`` real tokens of each document, (B, G) indices into the
+    row with (B, G) ``ok`` (a real global query: the rest pad the count), and their
+    bidirectional visibility over every key of the row (the dense rule, so all of their
+    document). G is ``g`` for rows of one document each, else the most global queries of a
+    row (a count read from the data)."""
+    b, t = order.shape
+    doc = masks.document_order(order, segments, valid)
+    is_global = valid & (doc < pattern.global_tokens)
+    if segments is None:  # the first g slots (real tokens first)
+        idx = torch.arange(min(pattern.global_tokens, t), device=order.device).expand(b, -1)
+    else:
+        count = int(is_global.sum(-1).max())
+        idx = torch.sort((~is_global).to(torch.int8), dim=1, stable=True).indices[:, :count]
+    ok = is_global.gather(1, idx)
+    seg_q = None if segments is None else segments.gather(1, idx)
+    vis = masks.self_visibility(
+        causal=False, q_len=idx.shape[1], k_len=t, key_valid=valid, q_segments=seg_q,
+        k_segments=segments, window=pattern, q_order=order.gather(1, idx), k_order=order,
+        q_doc=doc.gather(1, idx), k_doc=doc,
+        bias=position.score_bias(positions.gather(1, idx), positions), device=order.device)
+    return idx, ok, vis

@@ -161,8 +161,9 @@ def ring_slots(window: int | Pattern, capacity: int) -> int:
 
 
 def sink_slots(window: int | Pattern, capacity: int) -> int:
-    """Slots a local layer keeps for its attention sinks (the first real tokens)."""
-    return min(window.sinks, capacity) if isinstance(window, Pattern) else 0
+    """Slots a local layer keeps for its attention sinks and global tokens (the first real
+    tokens: decoding is causal, where global tokens see only each other)."""
+    return min(window.kept, capacity) if isinstance(window, Pattern) else 0
 
 
 # ---------------------------------------------------------------------------- decode states

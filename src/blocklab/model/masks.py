@@ -35,6 +35,10 @@ has no packing), so padding and packing never move them:
 - chunk:    with ``chunk = c`` (instead of a window), key ``j`` visible iff ``d_j // c ==
   d_i // c`` (the query's chunk of its document; causal: ``o_j <= o_i``) — Llama 4's chunked
   attention.
+- global:   with ``global_tokens = g``, the first ``g`` real tokens of each document are
+  global (Longformer): seen by every query of their document (``d_j < g``, as sinks are) and
+  seeing every key of it (``d_i < g``; causal: ``o_j <= o_i``, so only their past — the other
+  global tokens: causal global tokens are sinks).
 
 Two builders apply these rules: a dense one over all ``Tq × Tk`` pairs
 (:func:`self_visibility`), and a banded one for local layers (:func:`banded_visibility`), which
@@ -113,6 +117,7 @@ class Pattern:
     window: int | None = None  # keys per query, the query included (None with a chunk)
     sinks: int = 0  # first real tokens of each document always visible
     chunk: int | None = None  # tokens per chunk of a document (instead of a window)
+    global_tokens: int = 0  # first real tokens of each document that see and are seen by all
 
     def reach(self, *, causal: bool) -> int:
         """Keys the window or chunk reaches on one side (:func:`band_reach`)."""
@@ -120,6 +125,11 @@ class Pattern:
             return self.chunk - 1
         assert self.window is not None
         return band_reach(self.window, causal=causal)
+
+    @property
+    def kept(self) -> int:
+        """First real tokens of each document every query sees (sinks and global tokens)."""
+        return max(self.sinks, self.global_tokens)
 
     def back(self) -> int:
         """Earlier keys (sinks aside) a later query can still see: a decode ring's slots."""
@@ -131,12 +141,14 @@ def layer_pattern(attention: SoftmaxOptions, layer: int) -> int | Pattern | None
     :func:`layer_window`), or a :class:`Pattern` (sinks, chunks). Local layers are those the
     window pattern leaves local (``global_every``, ``layers``), with a window or a chunk."""
     a = attention
-    chunk = a.attention_chunk
+    chunk, g = a.attention_chunk, a.global_tokens
     if chunk is None:
         w = layer_window(a, layer)
-        return w if w is None or not a.sinks else Pattern(window=w, sinks=a.sinks)
+        if w is None or not (a.sinks or g):
+            return w
+        return Pattern(window=w, sinks=a.sinks, global_tokens=g)
     if local_layer(a, layer):
-        return Pattern(sinks=a.sinks, chunk=chunk)
+        return Pattern(sinks=a.sinks, chunk=chunk, global_tokens=g)
     return None
 
 
@@ -152,9 +164,10 @@ def local_layer(attention: SoftmaxOptions, layer: int) -> bool:
 
 
 def unpack(window: int | Pattern | None) -> tuple[int | None, int, int | None]:
-    """(window, sinks, chunk) of a bare window or a :class:`Pattern`."""
+    """(window, tokens every query sees — sinks and global tokens —, chunk) of a bare window
+    or a :class:`Pattern`."""
     if isinstance(window, Pattern):
-        return window.window, window.sinks, window.chunk
+        return window.window, window.kept, window.chunk
     return window, 0, None
 
 
@@ -195,8 +208,11 @@ def window_allowed(q_order: Tensor, k_order: Tensor, window: int | Pattern | Non
         near = None
     else:
         near = distance <= w - 1 if causal else distance.abs() <= (w - 1) // 2
-    if sinks and near is not None:
+    if sinks and near is not None:  # sinks and global tokens, as keys
         near = near | (kd[:, None, None, :] < sinks)
+    g = window.global_tokens if isinstance(window, Pattern) else 0
+    if g and near is not None:  # global tokens, as queries
+        near = near | (qd[:, None, :, None] < g)
     if not causal:
         return near
     return distance >= 0 if near is None else (distance >= 0) & near
@@ -350,10 +366,16 @@ def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = No
 
 
 # the blocked layout of these rules (banded windows, chunks and sinks), beside them
-from blocklab.model.bands import Band, band_blocks, band_reach, banded_visibility  # noqa: E402
+from blocklab.model.bands import (  # noqa: E402
+    Band,
+    band_blocks,
+    band_reach,
+    banded_visibility,
+    global_queries,
+)
 
 __all__ = ["EVERYTHING", "Band", "ChunkVisibility", "Pattern", "Visibility", "band_blocks",
            "band_reach", "banded_visibility", "causal_allowed", "chunk_visibility",
-           "cross_visibility", "document_order", "document_starts", "layer_pattern",
+           "cross_visibility", "document_order", "document_starts", "global_queries", "layer_pattern",
            "layer_window", "local_layer", "self_visibility", "token_order", "unpack",
            "window_allowed"]

@@ -34,6 +34,9 @@ class SoftmaxOptions:
     # local layers attend within chunks of this many tokens of their document (Llama 4's
     # attention_chunk_size), instead of a window; global_every / layers say which are global
     attention_chunk: int | None = None
+    # local layers: the first n real tokens of each document see and are seen by every token
+    # of it (Longformer's global attention; causal: their past only)
+    global_tokens: int = 0
     global_rope: bool = True  # false: the global layers of a local stack rotate nothing
     global_temperature: float = 0.0  # Llama 4's attn_scale on those no-rotary global layers
     temperature_floor: int = 8192  # Llama 4's floor_scale
@@ -85,6 +88,12 @@ def check_patterns(opts: SoftmaxOptions, key: str) -> None:
     require(n == 0 or w is not None or chunk is not None, f"{key}.sinks", n,
             f"needs {key}.window or {key}.attention_chunk: a global layer already sees "
             "every earlier token")
+    g = opts.global_tokens
+    require(isinstance(g, int) and g >= 0, f"{key}.global_tokens", g,
+            "must be an integer >= 0 (first tokens of each document made global)")
+    require(g == 0 or w is not None or chunk is not None, f"{key}.global_tokens", g,
+            f"needs {key}.window or {key}.attention_chunk: a global layer already sees "
+            "every token")
     local = w is not None or chunk is not None
     require(opts.global_rope or local, f"{key}.global_rope", opts.global_rope,
             f"false needs {key}.window or {key}.attention_chunk (the global layers of a "
