@@ -99,7 +99,15 @@ class SoftmaxAttention(Mixer):
     computes its scores in blocks: each block of ``L >= window - 1`` queries attends over the
     keys of its band (the previous and its own block; encoders also the next), masked by the
     same rules as the dense path, so training and prefill cost ``O(T · window)``, equal to the
-    dense-mask result. Decoding keeps a ring of the last ``window - 1`` keys."""
+    dense-mask result. Decoding keeps a ring of the last ``window - 1`` keys.
+
+    Attention patterns (a :class:`~blocklab.model.masks.Pattern` on local layers; the rules in
+    masks.py): attention sinks beside the window ("StreamingLLM", arXiv 2309.17453), chunks
+    instead of a window (Llama 4's ``attention_chunk_size``), global tokens (Longformer) — the
+    band gains each block's sink keys (bands.py) and an encoder's global queries one dense
+    pass; the ring keeps the sinks. ``learned_sink`` adds a per-head logit to every softmax
+    denominator (the gpt-oss model card); ``global_rope: false`` drops rotary angles on the
+    global layers of a local stack, with Llama 4's query temperature (patterns.py)."""
 
     uses_score_bias = True
     uses_rotary = True
