@@ -25,6 +25,10 @@ MOVED: dict[str, Any] = {"dropout": 0.0, "scale": None, "window": None, "global_
 UNION: dict[str, Any] = {"feature_map": "elu", "feature_dim": 16, "short_conv": 0,
                          "chunk": 64, "long_conv": True, "d_state": 16, "expand": 2,
                          "d_conv": 4, "dt_rank": None, "scan": "auto", MIXER_FREE_KEY: {}}
+#: options added to a mixer's yaml since the hashes were recorded, with their defaults: left
+#: out of the hashed layout at their defaults (linear's FAVOR+ options)
+ADDED: dict[str, Any] = {"n_features": 64, "orthogonal": True, "redraw_every": 0,
+                         "feature_seed": 0}
 
 
 def renamed(key: str) -> str | None:
@@ -117,6 +121,9 @@ def legacy_layout(model: dict[str, Any]) -> dict[str, Any]:
         attention[option] = mixer.pop(option, default)
     for option, default in UNION.items():
         mixer.setdefault(option, copy.deepcopy(default))
+    for option, default in ADDED.items():
+        if option in mixer and mixer[option] == default:
+            del mixer[option]
     return out
 
 
