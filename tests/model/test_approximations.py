@@ -105,11 +105,12 @@ def assert_falls(curve):
 @pytest.mark.parametrize("causal", [True, False])
 def test_favor_error_falls_as_the_features_grow(causal):
     curve = [favor_error(m, causal=causal) for m in FEATURES]
-    print(f"favor relative error, causal={causal}:",
-          ", ".join(f"m={m}: {e:.4f}" for m, e in zip(FEATURES, curve)))
     assert_falls(curve)
     # negative control: the wrong scale (x / √E, an estimate of exp(q·k / E)) stalls
     wrong = [favor_error(m, causal=causal, scale=16 ** -0.25) for m in FEATURES]
+    for name, c in (("favor", curve), ("wrong scale", wrong)):  # docs/mixers.md (pytest -s)
+        print(f"{name} RMS error, causal={causal}:",
+              ", ".join(f"m={m}: {e:.4f}" for m, e in zip(FEATURES, c)))
     with pytest.raises(AssertionError):
         assert_falls(wrong)
 

@@ -368,6 +368,11 @@ class LinearAttention(Mixer):
                         + taps * m.d_model * bytes_per_value)
 
     @classmethod
+    def describe(cls, m: ModelConfig, layer: int) -> str:
+        o = m.mixer.read(LinearOptions)
+        return f"({o.feature_map}, {feature_width(o.feature_map, key_width(m), o.n_features)} features)"
+
+    @classmethod
     def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
         o = m.mixer.read(LinearOptions)
         require(o.feature_map in FEATURE_MAPS, f"{key}.feature_map", o.feature_map,
