@@ -119,8 +119,8 @@ class Favor(nn.Module):
     @torch.compiler.disable
     def count_forward(self) -> None:
         """A training forward; every ``redraw_every``-th redraws ``W``. Not counted inside a
-        backward (activation checkpointing's recompute must see the same ``W``). Eager: one
-        graph break per forward, only where redraws are on."""
+        backward (activation checkpointing's recompute must see the same ``W``). Eager: a
+        compiled forward breaks its graph here, only where redraws are on."""
         if torch._C._current_graph_task_id() != -1:
             return
         self.forwards += 1

@@ -23,9 +23,9 @@ encoder). Padding never changes an output: padded keys enter no projection and n
 columns and runs count real tokens only, padded queries output 0. Packed documents
 (``segments``) are computed *per document exactly*: the documents are gathered into rows of
 their own (one row each, padded to the longest), attended alone, and scattered back — the
-number of documents and their longest length are read on the host, so a packed batch costs a
-device sync and (under ``torch.compile``) a graph break; unpacked, padded batches keep fixed
-shapes. Neither applies rotary angles or score biases (positions: none, sinusoidal, learned).
+number of documents and their longest length are read on the host once per forward, so a
+packed batch costs a device sync and (under ``torch.compile``) graph breaks; unpacked, padded
+batches keep fixed shapes. Neither applies rotary angles or score biases (positions: none, sinusoidal, learned).
 
 Shape legend: B batch (N documents when unpacked), T tokens, H query heads, Hkv key/value
 heads, D d_head, k projected length (linformer), m landmarks (nystrom), d d_model.
@@ -135,7 +135,7 @@ class LowRank(Mixer):
         assert state is None, "an encoder-only mixer keeps no decode state"
         qkv = self.qkv(x)
         if seq.segments is not None:
-            docs = Documents.of(seq)
+            docs = seq.memo("lowrank.documents", lambda: Documents.of(seq))  # once a forward
             y = docs.scatter(self._rows(docs.gather(qkv), docs.valid))
         else:
             y = self._rows(qkv, None if seq.valid is None else seq.valid.bool())
