@@ -8,7 +8,9 @@
   features give non-positive normalisers; the key-side stabiliser is a constant (a future key
   never changes an earlier output; performer-pytorch's maximum over the sequence does);
   draws are block-orthogonal with chi-distributed norms, redraws deterministic and resumed
-  exactly from a checkpoint, eval forwards never redraw.
+  exactly from a checkpoint, eval forwards never redraw, and activation checkpointing's
+  recompute uses the forward's features (control: counting the recompute changes the
+  gradients).
 - Nyström (model/lowrank.py): as many landmarks as tokens with the exact pseudo-inverse is
   softmax attention; the iterative pseudo-inverse converges to the exact one; padding (left,
   right, holes) and packing give the row-alone / document-alone outputs; negative control:
@@ -350,3 +352,26 @@ def test_the_estimator_prices_each_approximation(family, mixer):
     assert costs and all(c.flops_per_token > 2 * c.params - 1 for c in costs)
     if mixer.get("feature_map") == "favor" and family == "decoder":  # S and z per KV head
         assert e.state_bytes == 2 * 2 * 12 * (8 + 1) * 4  # layers · Hkv · m · (V + 1) · fp32
+
+
+def _grads_with_checkpointing(monkeypatch, *, guard: bool):
+    from blocklab.train.module import checkpoint_blocks
+
+    plain, ckpt = _favor_model(1).train(), _favor_model(1).train()
+    checkpoint_blocks(ckpt)
+    if not guard:  # negative control: the recompute in backward counts as a forward
+        monkeypatch.setattr(torch._C, "_current_graph_task_id", lambda: -1)
+    ids = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(0))
+    out = []
+    for model in (plain, ckpt):
+        model(ids).square().mean().backward()
+        out.append([p.grad for p in model.parameters()])
+    return out
+
+
+def test_activation_checkpointing_recomputes_with_the_same_features(monkeypatch):
+    plain, ckpt = _grads_with_checkpointing(monkeypatch, guard=True)
+    for a, b in zip(plain, ckpt, strict=True):
+        torch.testing.assert_close(a, b)
+    plain, ckpt = _grads_with_checkpointing(monkeypatch, guard=False)
+    assert any(not torch.allclose(a, b) for a, b in zip(plain, ckpt, strict=True))
