@@ -32,7 +32,8 @@ AXES = ("mixer", "position")
 ALLOWED = {
     # the registry wiring: the built-in mixers' table
     "model/mixers.py": {"softmax", "linear", "gated_conv", "ssm", "SoftmaxAttention",
-                        "LinearAttention", "GatedConv", "SelectiveSSM"},
+                        "LinearAttention", "GatedConv", "SelectiveSSM", "linformer", "nystrom",
+                        "LinformerAttention", "NystromAttention"},
     # the schema's default value of model.mixer.name; RopeScaling.linear is a rope scaling
     "config/model_schema.py": {"softmax", "linear"},
     # Hugging Face mappings: an outside architecture maps to named blocklab components

@@ -66,10 +66,15 @@ PATTERNS: list[dict[str, object]] = [
 # sizes keep every recurrent state small and the chunked forms spanning several chunks.
 MIXER_OPTIONS: dict[str, list[dict[str, object]]] = {
     "linear": [{"feature_map": "elu", "chunk": 4}, {"feature_map": "taylor", "feature_dim": 4,
-                                                    "short_conv": 3, "chunk": 5}],
+                                                    "short_conv": 3, "chunk": 5},
+               {"feature_map": "favor", "n_features": 24, "chunk": 4},  # FAVOR+
+               {"feature_map": "favor", "n_features": 8, "orthogonal": False, "chunk": 5,
+                "short_conv": 2}],
     "gated_conv": [{"short_conv": 3, "long_conv": True}, {"short_conv": 2, "long_conv": False}],
     "ssm": [{"d_state": 4, "expand": 2, "d_conv": 3, "chunk": 4},
             {"d_state": 2, "expand": 1, "d_conv": 2, "chunk": 7, "dt_rank": 3}],
+    "nystrom": [{"landmarks": 4, "pinv_iters": 6}, {"landmarks": 16, "pinv_iters": 0}],
+    "linformer": [{"proj_dim": 8, "share_kv": False}, {"proj_dim": 5}],
 }
 # Hybrid stacks: per-layer mixer patterns (repeated over the layers)
 HYBRIDS = [["linear", "softmax"], ["ssm", "gated_conv", "softmax"], ["softmax", "token_shift"]]
@@ -149,17 +154,23 @@ def mixer_variants(*families: str) -> list[tuple[str, ModelConfig]]:
             continue
         for k, options in enumerate(MIXER_OPTIONS.get(name, [{}])):
             for family in families or names("family"):
-                encoder = _encoder_mixers(family, [name])
+                encoder, main = _encoder_mixers(family, [name]), name
+                if not getattr(lookup("mixer", name), "causal_form", True):  # encoders only
+                    f = lookup("family", family)
+                    if not f.has_bidirectional_stack:
+                        continue
+                    encoder, main = ([name], "softmax") if f.can_generate else ([], name)
                 if encoder is None:
                     continue
                 # a softmax encoder uses any position scheme; else one no score mixer needs
                 plain = PLAIN_POSITIONS if not encoder else [p.name for p in POSITIONS]
                 pos = next(p for p in POSITIONS if p.name == plain[i % len(plain)])
                 attention, style = heads[i % len(heads)], 7 * i + 2
-                label = f"{name}{k}" + ("-softmax_encoder" if encoder else "")
+                label = (f"{name}{k}" + ("-favor" if options.get("feature_map") == "favor" else "")
+                         + (f"-{encoder[0]}_encoder" if encoder else ""))
                 out.append((_label(family, pos, attention, style, mixer=label),
                             tiny(family, pos, attention, style=style,
-                                 mixer=MixerConfig(name=name, encoder=encoder, **options))))
+                                 mixer=MixerConfig(name=main, encoder=encoder, **options))))
                 i += 1
     registered = set(names("mixer"))
     for pattern in HYBRIDS:

@@ -25,12 +25,14 @@ MOVED: dict[str, Any] = {"dropout": 0.0, "scale": None, "window": None, "global_
 UNION: dict[str, Any] = {"feature_map": "elu", "feature_dim": 16, "short_conv": 0,
                          "chunk": 64, "long_conv": True, "d_state": 16, "expand": 2,
                          "d_conv": 4, "dt_rank": None, "scan": "auto", MIXER_FREE_KEY: {}}
-#: options added since, left out of the hashed layout at their defaults (issue 44's softmax
-#: attention patterns): an unchanged model keeps its hash
+#: options added to the mixers' yamls since the hashes were recorded, with their defaults: left
+#: out of the hashed layout at their defaults, so an unchanged model keeps its hash (issue 44:
+#: softmax attention's patterns, linear attention's FAVOR+ options)
 ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": None,
-                         "global_tokens": 0,
-                         "global_rope": True, "global_temperature": 0.0,
-                         "temperature_floor": 8192}
+                         "global_tokens": 0, "global_rope": True, "global_temperature": 0.0,
+                         "temperature_floor": 8192,
+                         "n_features": 64, "orthogonal": True, "redraw_every": 0,
+                         "feature_seed": 0}
 
 
 def renamed(key: str) -> str | None:

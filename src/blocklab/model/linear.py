@@ -18,7 +18,11 @@ Feature maps (``model.mixer.feature_map``):
   ``[1, x / D^¼, (x ⊗ x) / (√2 · √D)]`` (``1 + D + D²`` features), so that ``φ(q)·φ(k) =
   1 + s + s²/2`` with ``s = q·k / √D``: the 2nd-order Taylor expansion of ``exp(s)``, Based's
   feature map ("Simple linear attention language models balance the recall-throughput
-  tradeoff", Arora et al., arXiv 2402.18668).
+  tradeoff", Arora et al., arXiv 2402.18668);
+- ``favor``: FAVOR+'s positive random features of the softmax kernel, ``n_features`` of them
+  per head from a (block-orthogonal, ``orthogonal``) random projection of the ``d_head``-wide
+  queries and keys, redrawn every ``redraw_every`` training forwards (0 = never) from
+  ``feature_seed`` (Performer, Choromanski et al., arXiv 2009.14794; model/favor.py).
 
 ``model.mixer.short_conv = K >= 1`` adds a causal depthwise convolution of ``K`` taps on the
 input before the projections, as Based does (local token mixing the kernel cannot express);
@@ -44,7 +48,7 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
 from blocklab.config.checks import require
-from blocklab.model import masks, seqops
+from blocklab.model import favor, masks, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.mixer import Mixer, Sequence, State
 
@@ -93,20 +97,26 @@ def identity_features(x: Tensor) -> Tensor:
 class FeatureMap:
     """``φ`` in two parts — ``pointwise`` on the projections (before the heads are split),
     ``features`` per head (what the state sums) — and ``kernel``, ``φ(q)·φ(k)`` from what
-    ``pointwise`` gives (the pairs within a chunk)."""
+    ``pointwise`` gives (the pairs within a chunk); ``query``: the queries' features where
+    they differ from the keys' (FAVOR+'s stabilisers), None: ``features``."""
 
     pointwise: Callable[[Tensor], Tensor]
     features: Callable[[Tensor], Tensor]
     kernel: Callable[[Tensor, Tensor], Tensor]
+    query: Callable[[Tensor], Tensor] | None = None
+
+    def query_features(self, x: Tensor) -> Tensor:
+        return (self.query or self.features)(x)
 
 
 FEATURE_MAPS = {"elu": FeatureMap(elu_features, identity_features, dot_kernel),
-                "taylor": FeatureMap(identity_features, taylor_features, taylor_kernel)}
+                "taylor": FeatureMap(identity_features, taylor_features, taylor_kernel),
+                "favor": None}  # per layer: its random projection (LinearAttention.favor_map)
 
 
-def feature_width(feature_map: str, width: int) -> int:
-    """F: features per head of a ``width``-wide query or key."""
-    return width if feature_map == "elu" else 1 + width + width * width
+def feature_width(feature_map: str, width: int, n_features: int = 0) -> int:
+    """F: features per head of a ``width``-wide query or key (favor: ``n_features``)."""
+    return {"elu": width, "favor": n_features}.get(feature_map, 1 + width + width * width)
 
 
 # ------------------------------------------------------------------------------ chunked form
@@ -159,7 +169,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor | None,
     qc, kc, vc = _chunks(q, chunk), _chunks(k, chunk), _chunks(v, chunk)  # (..., n, L, ·)
     scores = phi.kernel(qc, kc[:, :, None]) * vis.within[:, None, None]  # (B, Hkv, g, n, L, L)
     out = scores @ vc[:, :, None]  # (B, Hkv, g, n, L, V1)
-    fq, fk = phi.features(qc), phi.features(kc)  # (B, Hkv, g, n, L, F), (B, Hkv, n, L, F)
+    fq, fk = phi.query_features(qc), phi.features(kc)  # (B, Hkv, g, n, L, F), (B, Hkv, n, L, F)
     kept = None if vis.kept is None else vis.kept[:, None, :, :, None]
     u = fk.transpose(-1, -2) @ _masked(vc, kept)  # (B, Hkv, n, F, V1)
     continues = vis.continues
@@ -175,6 +185,19 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, docs: Tensor | None,
     out = out + _masked(fq @ entering[:, :, None], carried)  # (B, Hkv, g, n, L, V1)
     out = out.flatten(3, 4)[:, :, :, :t]  # (B, Hkv, g, T, V1)
     return out, after[:, :, -1]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, docs: Tensor | None, real: Tensor | None,
+           chunk: int, phi: FeatureMap, *, causal: bool) -> Tensor:
+    """Normalised linear attention without a decode state (shapes of
+    :func:`chunked_attention`): causal, or bidirectional as the causal pass plus the strictly
+    anticausal one (the same chunked form, reversed). -> (B, Hkv, g, T, V)."""
+    o, _ = chunked_attention(q, k, v, docs, real, chunk, phi)
+    if not causal:
+        back, _ = chunked_attention(q.flip(3), k.flip(2), v.flip(2), _flip(docs), _flip(real),
+                                    chunk, phi, strict=True)
+        o = o + back.flip(3)  # (B, Hkv, g, T, V1)
+    return o[..., :-1] / (o[..., -1:] + EPS)
 
 
 # ----------------------------------------------------------------------------- decode state
@@ -206,8 +229,12 @@ class LinearState(State):
 class LinearOptions:
     """The ``linear`` mixer's options (``model.mixer.<option>``)."""
 
-    feature_map: str = "elu"  # elu (d_head features) | taylor (1 + D + D² features)
+    feature_map: str = "elu"  # elu (d_head features) | taylor (1 + D + D²) | favor (n_features)
     feature_dim: int = 16  # taylor: query/key projection width per head
+    n_features: int = 64  # favor: random features per head (m)
+    orthogonal: bool = True  # favor: block-orthogonal draws (False: i.i.d. Gaussian)
+    redraw_every: int = 0  # favor: training forwards between redraws (0 = never)
+    feature_seed: int = 0  # favor: the draws' seed (with the layer and the draw's index)
     short_conv: int = 0  # causal depthwise convolution taps on the input (0 = none)
     chunk: int = 64  # tokens per chunk of the chunked parallel form (training, prefill)
 
@@ -215,7 +242,7 @@ class LinearOptions:
 def key_width(m: ModelConfig) -> int:
     """E: the projected query/key width per head."""
     o = m.mixer.read(LinearOptions)
-    return m.head_dim if o.feature_map == "elu" else o.feature_dim
+    return o.feature_dim if o.feature_map == "taylor" else m.head_dim
 
 
 class LinearAttention(Mixer):
@@ -236,7 +263,14 @@ class LinearAttention(Mixer):
         self.chunk, self.taps, self.d_model = o.chunk, o.short_conv, m.d_model
         self.n_heads, self.n_kv_heads, self.d_value = m.n_heads, m.kv_heads, m.head_dim
         self.d_key = key_width(m)
-        self.features = feature_width(o.feature_map, self.d_key)
+        self.features = feature_width(o.feature_map, self.d_key, o.n_features)
+        self.favor = None
+        if o.feature_map == "favor":  # its random projection W (a checkpointed buffer)
+            self.favor = favor.Favor(o.n_features, self.d_key, orthogonal=o.orthogonal,
+                                     redraw_every=o.redraw_every, seed=o.feature_seed,
+                                     layer=layer)
+            self.phi = FeatureMap(identity_features, self.favor.keys, self.favor.kernel,
+                                  self.favor.queries)
         h, hkv = self.n_heads, self.n_kv_heads
         self.qkv = nn.Linear(m.d_model, (h + hkv) * self.d_key + hkv * self.d_value,
                              bias=m.attention.bias)
@@ -258,6 +292,8 @@ class LinearAttention(Mixer):
         if state is not None:
             assert isinstance(state, LinearState) and self.causal
             check_no_grad(x)
+        if self.training and self.favor is not None and self.favor.redraw_every:
+            self.favor.count_forward()
         if self.conv is not None:  # over real tokens, compacted (seqops)
             rows = seqops.compact(seq)
             y, tail = seqops.short_conv(rows.gather(x), self.conv.weight[:, 0], self.conv.bias,
@@ -266,17 +302,13 @@ class LinearAttention(Mixer):
             if state is not None:
                 state.tail.copy_(tail)
         q, k, v = self._project(x)  # (B, Hkv, g, T, E), (B, Hkv, T, E), (B, Hkv, T, V1)
-        if self.causal:
+        if self.causal and state is not None:
             o, after = chunked_attention(q, k, v, docs, real, self.chunk, self.phi,
-                                         initial=None if state is None else state.joined())
-            if state is not None:
-                state.write(after)
+                                         initial=state.joined())
+            state.write(after)
+            y = o[..., :-1] / (o[..., -1:] + EPS)  # (B, Hkv, g, T, V)
         else:
-            o, _ = chunked_attention(q, k, v, docs, real, self.chunk, self.phi)
-            back, _ = chunked_attention(q.flip(3), k.flip(2), v.flip(2), _flip(docs),
-                                        _flip(real), self.chunk, self.phi, strict=True)
-            o = o + back.flip(3)  # (B, Hkv, g, T, V1)
-        y = o[..., :-1] / (o[..., -1:] + EPS)  # (B, Hkv, g, T, V)
+            y = attend(q, k, v, docs, real, self.chunk, self.phi, causal=self.causal)
         y = y.permute(0, 3, 1, 2, 4).reshape(b, t, -1)  # (B, T, H·V)
         return self.out(y.to(x.dtype))
 
@@ -319,7 +351,8 @@ class LinearAttention(Mixer):
         ``O(L · (E + V))`` per token and head for the dense part within a chunk (the
         kernel of the pairs)."""
         h, hkv, v = m.n_heads, m.kv_heads, m.head_dim
-        f = feature_width(m.mixer.read(LinearOptions).feature_map, key_width(m))
+        o = m.mixer.read(LinearOptions)
+        f = feature_width(o.feature_map, key_width(m), o.n_features)
         return (2.0 * cls.param_count(m, layer, causal=causal) + (h + hkv) * f
                 + 2 * (hkv + h) * f * (v + 1) + h * v)
 
@@ -329,10 +362,15 @@ class LinearAttention(Mixer):
         """``S`` and ``z`` in fp32, ``B · Hkv · F · (V + 1) · 4``, plus the convolution's tail
         ``B · (K - 1) · d · bytes``: constant in the context length."""
         o = m.mixer.read(LinearOptions)
-        f = feature_width(o.feature_map, key_width(m))
+        f = feature_width(o.feature_map, key_width(m), o.n_features)
         taps = max(o.short_conv - 1, 0)
         return batch * (m.kv_heads * f * (m.head_dim + 1) * 4
                         + taps * m.d_model * bytes_per_value)
+
+    @classmethod
+    def describe(cls, m: ModelConfig, layer: int) -> str:
+        o = m.mixer.read(LinearOptions)
+        return f"({o.feature_map}, {feature_width(o.feature_map, key_width(m), o.n_features)} features)"
 
     @classmethod
     def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
@@ -345,6 +383,7 @@ class LinearAttention(Mixer):
                     "the state holds 1 + D + D² features per key/value head, e.g. 16")
         require(_count(o.feature_dim, 0), f"{key}.feature_dim", o.feature_dim,  # never negative
                 "must be an integer >= 0 (unread by feature_map=elu, a width all the same)")
+        favor.check(o, key)
         require(_count(o.short_conv, 0), f"{key}.short_conv", o.short_conv,
                 "must be an integer >= 0 (convolution taps; 0 = none)")
         require(_count(o.chunk, 1), f"{key}.chunk", o.chunk,
