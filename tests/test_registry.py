@@ -61,7 +61,8 @@ def test_every_model_axis_takes_a_registered_component_by_name(scratch):
     scratch("block", "pre2", PreNorm2)
     scratch("position", "nope2", type("NoPe2", (NoPosition,), {}))
     scratch("ffn", "gelu2", type("Gelu2", (GeluMLP,), {}))
-    from blocklab.model.attention import HeadLayout, SoftmaxAttention
+    from blocklab.model.attention import SoftmaxAttention
+    from blocklab.model.head_layouts import HeadLayout
 
     scratch("attention", "mha2", type("MHA2", (HeadLayout,), {}))
     scratch("mixer", "softmax2", type("Softmax2", (SoftmaxAttention,), {}))

@@ -52,7 +52,7 @@ AXES: dict[str, Axis] = {
     "position": Axis("blocklab.model.position", "POSITIONS", "model.position.name",
                      "model/position"),
     "ffn": Axis("blocklab.model.ffn", "FFNS", "model.ffn.name", "model/ffn"),
-    "attention": Axis("blocklab.model.attention", "ATTENTIONS", "model.attention.name",
+    "attention": Axis("blocklab.model.head_layouts", "ATTENTIONS", "model.attention.name",
                       "model/attention"),
     "mixer": Axis("blocklab.model.mixers", "MIXERS", "model.mixer.name", "model/mixer"),
     "objective": Axis("blocklab.objectives", "OBJECTIVES", "model.family.name"),

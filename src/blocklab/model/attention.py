@@ -17,9 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
-from blocklab.model import masks, seqops
+from blocklab.model import bands, masks, seqops
 from blocklab.model.cache import check_no_grad
-from blocklab.model.head_layouts import ATTENTIONS, GQA, MHA, MQA, HeadLayout  # noqa: F401
 from blocklab.model.kv import (
     CrossKV,
     FixedKVState,
@@ -164,7 +163,7 @@ class SoftmaxAttention(Mixer):
     def block(self) -> int:
         assert self.window is not None
         sinks = masks.unpack(self.window)[1]
-        return max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
+        return max(bands.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
 
     def _banded(self, q: Tensor, k: Tensor, v: Tensor, seq: Sequence) -> Tensor:
         """Local attention in blocks over bands of keys: q (B, T, H, D), k and v (B, T, Hkv,
@@ -188,11 +187,11 @@ class SoftmaxAttention(Mixer):
             segments = None if segments is None else F.pad(segments, (0, pad), value=-1)
         nb = tp // block
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
-        band = masks.Band.of(tp, block, causal=self.causal, sinks=masks.unpack(self.window)[1],
+        band = bands.Band.of(tp, block, causal=self.causal, sinks=masks.unpack(self.window)[1],
                              segments=segments, batch=b, device=qkv.device)
         qb = positions.reshape(b * nb, block)
         kb = band.keys(positions)  # (B·nb, K + n)
-        vis = masks.banded_visibility(causal=self.causal, window=self.window, block=block,
+        vis = bands.banded_visibility(causal=self.causal, window=self.window, block=block,
                                       order=ranks, valid=real, segments=segments,
                                       bias=seq.position.score_bias(qb, kb), band=band)
         q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
@@ -211,7 +210,7 @@ class SoftmaxAttention(Mixer):
         b, tp = real.shape
         h, hkv = self.n_heads, self.n_kv_heads
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
-        idx, ok, vis = masks.global_queries(self.window, ranks, real, segments, positions,
+        idx, ok, vis = bands.global_queries(self.window, ranks, real, segments, positions,
                                             seq.position)
         g = idx.shape[1]
         at = idx[..., None, None].expand(b, g, h, qkv.shape[-1])

@@ -120,11 +120,12 @@ class Pattern:
     global_tokens: int = 0  # first real tokens of each document that see and are seen by all
 
     def reach(self, *, causal: bool) -> int:
-        """Keys the window or chunk reaches on one side (:func:`band_reach`)."""
+        """Keys the window or chunk reaches on one side: ``window - 1`` back (causal) or
+        ``(window - 1) // 2`` each way (bidirectional); a chunk ``c``: ``c - 1`` either way."""
         if self.chunk is not None:
             return self.chunk - 1
         assert self.window is not None
-        return band_reach(self.window, causal=causal)
+        return self.window - 1 if causal else (self.window - 1) // 2
 
     @property
     def kept(self) -> int:
@@ -364,18 +365,3 @@ def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = No
         allowed = same if allowed is None else allowed & same
     return EVERYTHING if allowed is None else Visibility(allowed=allowed, causal=False)
 
-
-# the blocked layout of these rules (banded windows, chunks and sinks), beside them
-from blocklab.model.bands import (  # noqa: E402
-    Band,
-    band_blocks,
-    band_reach,
-    banded_visibility,
-    global_queries,
-)
-
-__all__ = ["EVERYTHING", "Band", "ChunkVisibility", "Pattern", "Visibility", "band_blocks",
-           "band_reach", "banded_visibility", "causal_allowed", "chunk_visibility",
-           "cross_visibility", "document_order", "document_starts", "global_queries", "layer_pattern",
-           "layer_window", "local_layer", "self_visibility", "token_order", "unpack",
-           "window_allowed"]
