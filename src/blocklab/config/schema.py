@@ -134,6 +134,7 @@ class TaskWeights:
     multihop: float = 0.0  # variable tracking: chains of assignments, answer the root value
     counting: float = 0.0  # aggregation: the most frequent of several candidate ids
     flip_flop: float = 0.0  # state held and overwritten: the value of the last write
+    listops: float = 0.0  # nested MIN/MAX/MED/SM over digits, answer first (encoders; LRA)
 
 
 @dataclass
