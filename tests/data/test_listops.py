@@ -64,7 +64,8 @@ def disagreements(examples) -> list[int]:
     words_of = {i: w for w, i in lo.token_ids(VOCAB).items()}
     bad = []
     for k, ex in enumerate(examples):
-        words = [words_of[t] for t in ex.tokens[1:]]
+        gap = ex.tokens[1:].index(next(t for t in ex.tokens[1:] if t != VOCAB.filler[0]))
+        words = [words_of[t] for t in ex.tokens[1 + gap:]]
         answer = parse(words)
         if (words != ex.meta["words"] or answer != ex.meta["answer"]
                 or ex.tokens[0] != VOCAB.values[answer]):
@@ -118,6 +119,21 @@ def test_lengths_depths_and_the_rejection_range() -> None:
         lo.draw_tree(random.Random(0), 10, 9)
     with pytest.raises(ValueError, match=r"no tree of 3\.\.3 tokens"):  # an operator needs >= 4
         lo.draw_tree(random.Random(0), 3, 3)
+
+
+def test_a_gap_of_blanks_between_the_slot_and_the_expression() -> None:
+    for ex in sample(40, 64, gap=8):
+        assert ex.tokens[1:9] == [VOCAB.filler[0]] * 8 and ex.tokens[9] != VOCAB.filler[0]
+        assert 32 <= len(ex.tokens) <= 64 and ex.targets == [True] + [False] * (len(ex.tokens)
+                                                                                 - 1)
+    assert disagreements(sample(100, 64, gap=8)) == []
+    cfg = DataConfig(tasks=TaskWeights(needle=0, listops=1), n_keys=5, n_values=10, n_filler=4,
+                     seq_len=64, min_len=40, listops_gap=12)
+    assert all(Mixture(cfg)(i).tokens[1:13] == [VOCAB.filler[0]] * 12 for i in range(10))
+    assert Mixture(cfg).fingerprint() != Mixture(DataConfig(**{**cfg.__dict__,
+                                                               "listops_gap": 0})).fingerprint()
+    with pytest.raises(ConfigError, match=r"data.listops_gap=13: .*min_len >= 2 x gap \+ 16"):
+        validate_mixture(DataConfig(**{**cfg.__dict__, "listops_gap": 13}))
 
 
 def test_generation_is_deterministic_from_the_seed() -> None:

@@ -12,14 +12,17 @@ closing bracket one, each digit one.
 The sequence is ``ANSWER [OP … ]``: the answer slot first (a CLS-like position that an encoder's
 masked-LM objective masks and predicts there, so the token that answers must gather the whole
 expression; a causal decoder cannot predict a sequence's first token, so this is an encoder
-task). Ids: the operators and the closing bracket are the first 5 key-range ids, the digits
-the first 10 value-range ids (``data.n_keys >= 5``, ``data.n_values >= 10``).
+task), optionally ``gap`` blank tokens (``data.listops_gap``: the first filler id) between the
+slot and the expression. Ids: the operators and the closing bracket are the first 5 key-range
+ids, the digits the first 10 value-range ids (``data.n_keys >= 5``, ``data.n_values >= 10``).
 """
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
+from blocklab.config import DataConfig
 from blocklab.data.synthetic import Example, Vocab
 from blocklab.data.tasks.base import Task
 
@@ -39,8 +42,8 @@ class _TooLong(Exception):
 def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int, budget: list[int]
           ) -> Tree:
     """LRA's ``generate_tree``, written anew: its distribution, drawn in its order (the node's
-    kind, its argument count, its arguments, then its operator). ``budget``: tokens still allowed; a tree that
-    outgrows it is abandoned (it would be rejected anyway)."""
+    kind, its argument count, its arguments, then its operator). ``budget``: tokens still
+    allowed; a tree that outgrows it is abandoned (it would be rejected anyway)."""
     r = rng.random() if depth < max_depth else 1.0
     if r > VALUE_P:
         budget[0] -= 1
@@ -107,18 +110,20 @@ def draw_tree(rng: random.Random, min_tokens: int, max_tokens: int, *,
 
 
 def listops(rng: random.Random, vocab: Vocab, length: int, *, min_length: int | None = None,
-            max_depth: int = LISTOPS_MAX_DEPTH, max_args: int = LISTOPS_MAX_ARGS,
+            gap: int = 0, max_depth: int = LISTOPS_MAX_DEPTH, max_args: int = LISTOPS_MAX_ARGS,
             seed: int = 0) -> Example:
-    """``ANSWER`` then an expression, ``min_length..length`` tokens in all (``min_length``
-    default: half of ``length``, rounded up), the answer slot the one target. ``meta``: the
-    answer digit, the expression's words, its depth and the root operator."""
+    """``ANSWER``, ``gap`` blank tokens (the first filler id), then an expression:
+    ``min_length..length`` tokens in all (``min_length`` default: half of ``length``, rounded
+    up), the answer slot the one target. ``meta``: the answer digit, the expression's words,
+    its depth and the root operator."""
     lo = (length + 1) // 2 if min_length is None else min_length
-    tree = draw_tree(rng, max(lo - 1, 1), length - 1, max_depth=max_depth, max_args=max_args)
+    tree = draw_tree(rng, max(lo - 1 - gap, 1), length - 1 - gap, max_depth=max_depth,
+                     max_args=max_args)
     ids = token_ids(vocab)
     expression = words(tree)
     answer = evaluate(tree)
-    tokens = [vocab.values[answer], *(ids[w] for w in expression)]
-    return Example(tokens, [True] + [False] * len(expression),
+    tokens = [vocab.values[answer], *[vocab.filler[0]] * gap, *(ids[w] for w in expression)]
+    return Example(tokens, [True] + [False] * (len(tokens) - 1),
                    {"task": "listops", "answer": answer, "words": expression,
                     "depth": _depth(tree), "root": tree[0] if isinstance(tree, tuple) else None})
 
@@ -130,3 +135,7 @@ def _depth(tree: Tree) -> int:
 class ListOpsTask(Task):
     name = "listops"
     generate = staticmethod(listops)
+
+    @classmethod
+    def draw(cls, cfg: DataConfig, rng: random.Random) -> dict[str, Any]:
+        return {"gap": cfg.listops_gap} if cfg.listops_gap else {}
