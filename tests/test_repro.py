@@ -394,8 +394,10 @@ def test_quick_protocols_pass_and_their_breaks_fail(tmp_path, group) -> None:
 
 
 def test_the_quick_groups_cover_every_experiment_once() -> None:
-    # shakespeare_char: tests/test_repro_shakespeare.py (its breaks train runs of their own)
-    names = [name for group in QUICK_GROUPS for name in group] + ["shakespeare_char"]
+    # shakespeare_char: tests/test_repro_shakespeare.py (its breaks train runs of their own);
+    # listops: its expected gap does not show at a CI-sized run (docs/reproductions.md,
+    # "listops"), so its quick protocol is not one CI expects to pass
+    names = [name for group in QUICK_GROUPS for name in group] + ["shakespeare_char", "listops"]
     assert sorted(names) == sorted(ex.names())
 
 

@@ -48,7 +48,7 @@ def runs_of_mark(tokens: list[int]) -> list[int]:
 
 def test_task_table_is_the_documented_one() -> None:
     assert set(TASKS) == {"needle", "kv_records", "kv_records_query_aware", "mqar", "copy",
-                          "markov_lm", "multihop", "counting", "flip_flop"}
+                          "markov_lm", "multihop", "counting", "flip_flop", "listops"}
     assert set(TASKS) == {f.name for f in dataclasses.fields(TaskWeights)}
 
 

@@ -113,5 +113,7 @@ def distinct_ids(task: str, seq_len: int, max_distractors: int = 0,
         return 0, max((k for k, _ in counting_choices(seq_len)), default=0)
     if task == "flip_flop":
         return 0, FLIP_FLOP_SYMBOLS
+    if task == "listops":  # 4 operators and the closing bracket; the 10 digits
+        return 5, 10
     n = distinct_pairs(task, seq_len, max_distractors)
     return n, n

@@ -134,6 +134,7 @@ class TaskWeights:
     multihop: float = 0.0  # variable tracking: chains of assignments, answer the root value
     counting: float = 0.0  # aggregation: the most frequent of several candidate ids
     flip_flop: float = 0.0  # state held and overwritten: the value of the last write
+    listops: float = 0.0  # nested MIN/MAX/MED/SM over digits, answer first (encoders; LRA)
 
 
 @dataclass
@@ -176,6 +177,9 @@ class DataConfig:
     # each key once in a 2-token slot at power-law distance after them (p ∝ g^-0.99, g = 1, ...:
     # most queries close), its value the target, one constant filler id everywhere else
     mqar_layout: str = "spread"
+    # listops: blank tokens between the answer slot and the expression (how far the slot is
+    # from the root operator, LRA's classifier's situation; 0 = the expression right after it)
+    listops_gap: int = 0
     # multihop: training draws each sequence's hop count from this inclusive range (what fits
     # its length; probes set their own hops)
     multihop_hops: list[int] = field(default_factory=lambda: list(MULTIHOP_HOPS))

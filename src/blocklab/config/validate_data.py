@@ -108,6 +108,10 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
            d.mqar_min_pairs, "needs data.mqar_pairs (the Zoology layout) set")
     _check(d.mqar_layout == "spread" or d.mqar_pairs is not None, f"{key}.mqar_layout",
            d.mqar_layout, "needs data.mqar_pairs (the number of pairs) set")
+    _check(d.listops_gap >= 0 and ("listops" not in used
+                                    or d.min_len >= 2 * d.listops_gap + 16),
+           f"{key}.listops_gap", d.listops_gap,
+           f"must be >= 0, and listops needs data.min_len >= 2 x gap + 16 (min_len={d.min_len})")
     for task in sorted(used):
         n_k, n_v = ((d.mqar_pairs,) * 2 if task == "mqar" and d.mqar_pairs is not None
                     else distinct_ids(task, d.seq_len, hi, d.multihop_hops))

@@ -76,6 +76,7 @@ class Mixture:
                 **({"val_len": self.cfg.val_len} if self.cfg.val_len is not None else {}),
                 **({"mqar_layout": self.cfg.mqar_layout} if self.cfg.mqar_layout != "spread"
                    else {}),
+                **({"listops_gap": self.cfg.listops_gap} if self.cfg.listops_gap else {}),
                 **({"multihop_hops": list(self.cfg.multihop_hops)}
                    if tuple(self.cfg.multihop_hops) != MULTIHOP_HOPS else {})}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

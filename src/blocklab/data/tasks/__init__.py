@@ -26,6 +26,7 @@ from blocklab.data.tasks.copy import CopyTask
 from blocklab.data.tasks.counting import CountingTask
 from blocklab.data.tasks.flip_flop import FlipFlopTask
 from blocklab.data.tasks.kv_records import KvRecordsQueryAwareTask, KvRecordsTask
+from blocklab.data.tasks.listops import ListOpsTask
 from blocklab.data.tasks.markov_lm import MarkovLmTask
 from blocklab.data.tasks.mqar import MqarTask
 from blocklab.data.tasks.multihop import MultihopTask
@@ -41,4 +42,5 @@ TASKS: dict[str, type[Task]] = {
     "multihop": MultihopTask,
     "counting": CountingTask,
     "flip_flop": FlipFlopTask,
+    "listops": ListOpsTask,
 }

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from blocklab.repro.experiments import (
     extrapolation,
+    listops,
     mqar,
     recall_state,
     receptive_field,
@@ -51,4 +52,5 @@ EXPERIMENTS: dict[str, Callable[[str], Experiment]] = {
     "receptive_field": receptive_field.make,
     "shakespeare_char": shakespeare_char.make,
     "recall_state": recall_state.make,
+    "listops": listops.make,
 }
