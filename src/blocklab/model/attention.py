@@ -12,12 +12,14 @@ C cache capacity, S ring slots of a local layer, nb blocks of L queries, K keys 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
-from blocklab.model import masks, seqops
+from blocklab.model import masks, random_blocks, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.head_layouts import ATTENTIONS, GQA, MHA, MQA, HeadLayout  # noqa: F401
 from blocklab.model.kv import (
@@ -105,7 +107,9 @@ class SoftmaxAttention(Mixer):
     masks.py): attention sinks beside the window ("StreamingLLM", arXiv 2309.17453), chunks
     instead of a window (Llama 4's ``attention_chunk_size``), global tokens (Longformer) — the
     band gains each block's sink keys (bands.py) and an encoder's global queries one dense
-    pass; the ring keeps the sinks. ``learned_sink`` adds a per-head logit to every softmax
+    pass; the ring keeps the sinks. BigBird's random blocks (arXiv 2007.14062;
+    random_blocks.py) add each block's drawn keys to its band, and keep the whole history for
+    decoding. ``learned_sink`` adds a per-head logit to every softmax
     denominator (the gpt-oss model card); ``global_rope: false`` drops rotary angles on the
     global layers of a local stack, with Llama 4's query temperature (patterns.py)."""
 
@@ -131,6 +135,20 @@ class SoftmaxAttention(Mixer):
         self.rope = not nope
         self.temperature = opts.global_temperature if nope else 0.0
         self.temperature_floor = opts.temperature_floor
+        #: BigBird's random key blocks, drawn once (random_blocks.py): kept in the checkpoint
+        self.random = getattr(self.window, "random_blocks", 0)
+        self.register_buffer("random_table", random_blocks.draw(
+            opts.pattern_seed, layer, -(-m.max_seq_len // opts.block_size), self.random,
+            causal=causal) if self.random else None)
+        if self.random:  # the pattern reads the table (and again after every move)
+            self.window = dataclasses.replace(self.window, table=self.random_table)
+
+    def _apply(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """The pattern reads the drawn table: a buffer, so a move makes a new tensor."""
+        out = super()._apply(*args, **kwargs)
+        if self.random:
+            self.window = dataclasses.replace(self.window, table=self.random_table)
+        return out
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         b, t, _ = x.shape
@@ -145,7 +163,8 @@ class SoftmaxAttention(Mixer):
             q = q * query_temperature(seq.positions, self.temperature,
                                       self.temperature_floor).to(q.dtype)[..., None, None]
         if self.window is not None and t > 2 * self.block and (
-                state is None or _empty_ring(seq, state)):
+                state is None or _empty_ring(seq, state)) and not (
+                self.random and seq.segments is not None):  # packed random blocks: dense
             o = self._banded(q, k, v, seq)
             if state is not None:  # prefill: the ring still keeps this forward's last keys
                 check_no_grad(k)
@@ -164,7 +183,9 @@ class SoftmaxAttention(Mixer):
     def block(self) -> int:
         assert self.window is not None
         sinks = masks.unpack(self.window)[1]
-        return max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
+        block = max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
+        s = self.window.block_size if self.random else 1  # type: ignore[union-attr]
+        return -(-block // s) * s  # whole random blocks per query block
 
     def _banded(self, q: Tensor, k: Tensor, v: Tensor, seq: Sequence) -> Tensor:
         """Local attention in blocks over bands of keys: q (B, T, H, D), k and v (B, T, Hkv,
@@ -188,8 +209,12 @@ class SoftmaxAttention(Mixer):
             segments = None if segments is None else F.pad(segments, (0, pad), value=-1)
         nb = tp // block
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
-        band = masks.Band.of(tp, block, causal=self.causal, sinks=masks.unpack(self.window)[1],
-                             segments=segments, batch=b, device=qkv.device)
+        kept = masks.unpack(self.window)[1]
+        extra = None if not self.random else random_blocks.band_keys(
+            self.random_table, self.window.block_size, length=tp, block=block,  # type: ignore
+            causal=self.causal, kept=kept)
+        band = masks.Band.of(tp, block, causal=self.causal, sinks=kept, segments=segments,
+                             batch=b, device=qkv.device, random=extra)
         qb = positions.reshape(b * nb, block)
         kb = band.keys(positions)  # (B·nb, K + n)
         vis = masks.banded_visibility(causal=self.causal, window=self.window, block=block,
@@ -226,7 +251,7 @@ class SoftmaxAttention(Mixer):
         dims = (batch, self.n_kv_heads)
         if static:
             return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
-        if self.window is not None:
+        if self.window is not None and not self.random:  # random blocks: the whole history
             return RingState(*dims, ring_slots(self.window, capacity), self.d_head,
                              dtype=dtype, device=device, sinks=sink_slots(self.window, capacity))
         return KVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
@@ -247,7 +272,8 @@ class SoftmaxAttention(Mixer):
         if pattern is None:
             return seq_len
         window, kept, chunk = masks.unpack(pattern)
-        kept += pattern.global_tokens if isinstance(pattern, masks.Pattern) else 0
+        if isinstance(pattern, masks.Pattern):  # global queries; r random blocks of s tokens
+            kept += pattern.global_tokens + pattern.random_blocks * pattern.block_size
         return min((chunk if chunk is not None else window) + kept, seq_len)  # type: ignore
 
     @classmethod
@@ -265,7 +291,7 @@ class SoftmaxAttention(Mixer):
         ``min(window - 1, T)`` (``min(chunk - 1, T)``) last tokens and ``min(sinks, T)``
         sinks, constant past that: ``2 · B · H_kv · d_head · bytes`` per token."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
-        tokens = seq_len if pattern is None else (
+        tokens = seq_len if pattern is None or getattr(pattern, "random_blocks", 0) else (
             ring_slots(pattern, seq_len) + sink_slots(pattern, seq_len))
         return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
 
@@ -283,6 +309,8 @@ class SoftmaxAttention(Mixer):
             what += f", {pattern.sinks} sinks"
         if isinstance(pattern, masks.Pattern) and pattern.global_tokens:
             what += f", {pattern.global_tokens} global tokens"
+        if isinstance(pattern, masks.Pattern) and pattern.random_blocks:
+            what += f", {pattern.random_blocks} random blocks of {pattern.block_size}"
         return f"({what}{sink})"
 
     @classmethod
@@ -303,6 +331,9 @@ class SoftmaxAttention(Mixer):
             rows.append(("attention sinks", f"first {opts.sinks} tokens of each document"))
         if opts.global_tokens:
             rows.append(("global tokens", f"first {opts.global_tokens} tokens of each document"))
+        if opts.random_blocks:
+            rows.append(("random blocks", f"{opts.random_blocks} of {opts.block_size} tokens "
+                         f"per query block (seed {opts.pattern_seed})"))
         if not opts.global_rope:
             t = opts.global_temperature
             rows.append(("global layers", "no rotary angles" + (
@@ -322,7 +353,7 @@ class SoftmaxAttention(Mixer):
 
 def _empty_ring(seq: Sequence, state: State) -> bool:
     """A local layer's first forward into a dynamic cache (prefill): no earlier key to see."""
-    return isinstance(state, RingState) and seq.cache is not None and seq.cache.length == 0
+    return isinstance(state, (RingState, KVState)) and seq.cache is not None and seq.cache.length == 0
 
 
 def projection_params(cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,

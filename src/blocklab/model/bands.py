@@ -1,7 +1,8 @@
 """The blocked layout of masks.py's rules for local layers: blocks of ``L`` queries, each over
 the keys of its *band* (the previous and its own block of keys; encoders also the next) and,
 with attention sinks, the first ``n`` tokens of the one document that can begin before the
-band. Every key of a query's window, chunk or sinks is in its band or its extras, and each key
+band, and with BigBird's random blocks each block's drawn keys (random_blocks.py). Every key
+of a query's window, chunk, sinks or random blocks is in its band or its extras, and each key
 appears once, so a local layer costs time and memory proportional to ``T · (L + n)`` instead of
 ``T²``. Which of those keys a query sees is then decided by the same predicates as the dense
 mask (:func:`~blocklab.model.masks.self_visibility`, applied here per band); masks.py
@@ -69,10 +70,13 @@ class Band:
     @staticmethod
     def of(length: int, block: int, *, causal: bool, sinks: int = 0,
            segments: Tensor | None = None, batch: int = 1,
-           device: torch.device | None = None) -> Band:
+           device: torch.device | None = None,
+           random: tuple[Tensor, Tensor] | None = None) -> Band:
         """The band of rows of ``length = nb·L`` slots (``segments``: their packed
-        documents, contiguous runs; None: one document per row)."""
-        if not sinks:
+        documents, contiguous runs; None: one document per row). ``random``: the (nb, E)
+        random keys of each block and their ``fresh`` (random_blocks.py ``band_keys``; rows
+        of one document each), after the sink keys."""
+        if not sinks and random is None:
             return Band(block, causal)
         assert sinks <= block, "sinks beyond a block could begin outside the band"
         nb = length // block
@@ -86,10 +90,17 @@ class Band:
             start = doc_first[:, first.clamp(min=0)]  # (B, nb)
         extra = start[..., None] + torch.arange(sinks, device=device)  # (B, nb, n)
         fresh = extra < first[None, :, None]
-        return Band(block, causal, extra.clamp(max=length - 1), fresh)
+        extra = extra.clamp(max=length - 1)
+        if random is not None:
+            assert segments is None, "random blocks in a band need one document per row"
+            b = extra.shape[0]
+            extra = torch.cat((extra, random[0].expand(b, -1, -1)), -1)
+            fresh = torch.cat((fresh, random[1].expand(b, -1, -1)), -1)
+        return Band(block, causal, extra, fresh)
 
     def keys(self, x: Tensor, fill: float | int | bool = 0) -> Tensor:
-        """(B, nb·L, ...) -> (B·nb, K + n, ...): each query block's keys (band, then sinks)."""
+        """(B, nb·L, ...) -> (B·nb, K + n, ...): each query block's keys (band, then sinks,
+        then random keys)."""
         band = band_blocks(x, self.block, causal=self.causal, fill=fill)  # (B, nb, K, ...)
         b, nb = band.shape[:2]
         if self.extra is not None:

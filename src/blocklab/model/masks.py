@@ -39,6 +39,9 @@ has no packing), so padding and packing never move them:
   global (Longformer): seen by every query of their document (``d_j < g``, as sinks are) and
   seeing every key of it (``d_i < g``; causal: ``o_j <= o_i``, so only their past — the other
   global tokens: causal global tokens are sinks).
+- random:   with ``random_blocks = r``, key ``j`` visible too iff its block ``d_j // s`` is
+  among the ``r`` drawn for the query's ``d_i // s`` (BigBird; ``s = block_size``, the drawn
+  ``table``: random_blocks.py; causal: earlier blocks only).
 
 Two builders apply these rules: a dense one over all ``Tq × Tk`` pairs
 (:func:`self_visibility`), and a banded one for local layers (:func:`banded_visibility`), which
@@ -59,11 +62,13 @@ Shapes: B batch, H heads, Tq queries, Tk keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from blocklab.model import random_blocks
 
 if TYPE_CHECKING:
     from blocklab.model.softmax_options import SoftmaxOptions
@@ -118,6 +123,10 @@ class Pattern:
     sinks: int = 0  # first real tokens of each document always visible
     chunk: int | None = None  # tokens per chunk of a document (instead of a window)
     global_tokens: int = 0  # first real tokens of each document that see and are seen by all
+    random_blocks: int = 0  # BigBird: random key blocks per query block of a document
+    block_size: int = 16  # tokens per random block
+    draw: tuple[int, int] = (0, 0)  # (pattern_seed, layer): which draw the table holds
+    table: Tensor | None = field(default=None, compare=False, hash=False, repr=False)
 
     def reach(self, *, causal: bool) -> int:
         """Keys the window or chunk reaches on one side (:func:`band_reach`)."""
@@ -142,13 +151,15 @@ def layer_pattern(attention: SoftmaxOptions, layer: int) -> int | Pattern | None
     window pattern leaves local (``global_every``, ``layers``), with a window or a chunk."""
     a = attention
     chunk, g = a.attention_chunk, a.global_tokens
+    r = {"random_blocks": a.random_blocks, "block_size": a.block_size,
+         "draw": (a.pattern_seed, layer)} if a.random_blocks else {}
     if chunk is None:
         w = layer_window(a, layer)
-        if w is None or not (a.sinks or g):
+        if w is None or not (a.sinks or g or r):
             return w
-        return Pattern(window=w, sinks=a.sinks, global_tokens=g)
+        return Pattern(window=w, sinks=a.sinks, global_tokens=g, **r)
     if local_layer(a, layer):
-        return Pattern(sinks=a.sinks, chunk=chunk, global_tokens=g)
+        return Pattern(sinks=a.sinks, chunk=chunk, global_tokens=g, **r)
     return None
 
 
@@ -213,6 +224,9 @@ def window_allowed(q_order: Tensor, k_order: Tensor, window: int | Pattern | Non
     g = window.global_tokens if isinstance(window, Pattern) else 0
     if g and near is not None:  # global tokens, as queries
         near = near | (qd[:, None, :, None] < g)
+    if isinstance(window, Pattern) and window.random_blocks and near is not None:
+        assert window.table is not None, "random blocks without their drawn table"
+        near = near | random_blocks.member(window.table, window.block_size, qd, kd)
     if not causal:
         return near
     return distance >= 0 if near is None else (distance >= 0) & near

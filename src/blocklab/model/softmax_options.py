@@ -37,6 +37,11 @@ class SoftmaxOptions:
     # local layers: the first n real tokens of each document see and are seen by every token
     # of it (Longformer's global attention; causal: their past only)
     global_tokens: int = 0
+    # local layers: each query block of block_size tokens of a document also sees this many
+    # key blocks of it drawn from pattern_seed and the layer (BigBird; causal: earlier ones)
+    random_blocks: int = 0
+    block_size: int = 16
+    pattern_seed: int = 0
     global_rope: bool = True  # false: the global layers of a local stack rotate nothing
     global_temperature: float = 0.0  # Llama 4's attn_scale on those no-rotary global layers
     temperature_floor: int = 8192  # Llama 4's floor_scale
@@ -95,6 +100,15 @@ def check_patterns(opts: SoftmaxOptions, key: str) -> None:
             f"needs {key}.window or {key}.attention_chunk: a global layer already sees "
             "every token")
     local = w is not None or chunk is not None
+    r, s = opts.random_blocks, opts.block_size
+    require(isinstance(r, int) and r >= 0, f"{key}.random_blocks", r,
+            "must be an integer >= 0 (random key blocks per query block)")
+    require(r == 0 or local, f"{key}.random_blocks", r, f"needs {key}.window or "
+            f"{key}.attention_chunk: a global layer already sees every block")
+    require(isinstance(s, int) and s >= 1, f"{key}.block_size", s,
+            "must be an integer >= 1 (tokens per random block)")
+    require(isinstance(opts.pattern_seed, int), f"{key}.pattern_seed", opts.pattern_seed,
+            "must be an integer (the seed of the random blocks' draw)")
     require(opts.global_rope or local, f"{key}.global_rope", opts.global_rope,
             f"false needs {key}.window or {key}.attention_chunk (the global layers of a "
             "local stack drop rotary angles)")
