@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
-from blocklab.model import masks, random_blocks, seqops
+from blocklab.model import bands, masks, random_blocks, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.head_layouts import ATTENTIONS, GQA, MHA, MQA, HeadLayout  # noqa: F401
 from blocklab.model.kv import (
@@ -213,11 +213,11 @@ class SoftmaxAttention(Mixer):
         extra = None if not self.random else random_blocks.band_keys(
             self.random_table, self.window.block_size, length=tp, block=block,  # type: ignore
             causal=self.causal, kept=kept)
-        band = masks.Band.of(tp, block, causal=self.causal, sinks=kept, segments=segments,
+        band = bands.Band.of(tp, block, causal=self.causal, sinks=kept, segments=segments,
                              batch=b, device=qkv.device, random=extra)
         qb = positions.reshape(b * nb, block)
         kb = band.keys(positions)  # (B·nb, K + n)
-        vis = masks.banded_visibility(causal=self.causal, window=self.window, block=block,
+        vis = bands.banded_visibility(causal=self.causal, window=self.window, block=block,
                                       order=ranks, valid=real, segments=segments,
                                       bias=seq.position.score_bias(qb, kb), band=band)
         q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
@@ -236,7 +236,7 @@ class SoftmaxAttention(Mixer):
         b, tp = real.shape
         h, hkv = self.n_heads, self.n_kv_heads
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
-        idx, ok, vis = masks.global_queries(self.window, ranks, real, segments, positions,
+        idx, ok, vis = bands.global_queries(self.window, ranks, real, segments, positions,
                                             seq.position)
         g = idx.shape[1]
         at = idx[..., None, None].expand(b, g, h, qkv.shape[-1])

@@ -5,8 +5,7 @@ band, and with BigBird's random blocks each block's drawn keys (random_blocks.py
 of a query's window, chunk, sinks or random blocks is in its band or its extras, and each key
 appears once, so a local layer costs time and memory proportional to ``T · (L + n)`` instead of
 ``T²``. Which of those keys a query sees is then decided by the same predicates as the dense
-mask (:func:`~blocklab.model.masks.self_visibility`, applied here per band); masks.py
-re-exports these names.
+mask (:func:`~blocklab.model.masks.self_visibility`, applied here per band).
 
 Shapes: B batch, nb blocks of L queries, K keys of a band (2L causal, 3L bidirectional), n
 sinks.
@@ -29,12 +28,7 @@ if TYPE_CHECKING:
 FAR = -(1 << 30)
 
 
-def band_reach(window: int | masks.Pattern, *, causal: bool) -> int:
-    """Keys a local query reaches on one side: ``window - 1`` back (causal) or
-    ``(window - 1) // 2`` each way (bidirectional); a chunk ``c``: ``c - 1`` either way."""
-    if isinstance(window, masks.Pattern):
-        return window.reach(causal=causal)
-    return window - 1 if causal else (window - 1) // 2
+band_reach = masks.band_reach
 
 
 def band_blocks(x: Tensor, block: int, *, causal: bool, fill: float | int | bool = 0) -> Tensor:

@@ -145,6 +145,15 @@ class Pattern:
         return self.chunk - 1 if self.chunk is not None else self.window - 1  # type: ignore
 
 
+def band_reach(window: int | Pattern, *, causal: bool) -> int:
+    """Keys a local query reaches on one side: ``window - 1`` back (causal) or
+    ``(window - 1) // 2`` each way (bidirectional); a chunk ``c``: ``c - 1`` either way. The
+    blocked layout of these rules (bands.py) makes its blocks at least this long."""
+    if isinstance(window, Pattern):
+        return window.reach(causal=causal)
+    return window - 1 if causal else (window - 1) // 2
+
+
 def layer_pattern(attention: SoftmaxOptions, layer: int) -> int | Pattern | None:
     """What layer ``layer`` sees: None (global), its window (a bare window, as
     :func:`layer_window`), or a :class:`Pattern` (sinks, chunks). Local layers are those the
@@ -377,19 +386,3 @@ def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = No
         same = q_segments[:, None, :, None] == k_segments[:, None, None, :]  # (B, 1, Tq, S)
         allowed = same if allowed is None else allowed & same
     return EVERYTHING if allowed is None else Visibility(allowed=allowed, causal=False)
-
-
-# the blocked layout of these rules (banded windows, chunks and sinks), beside them
-from blocklab.model.bands import (  # noqa: E402
-    Band,
-    band_blocks,
-    band_reach,
-    banded_visibility,
-    global_queries,
-)
-
-__all__ = ["EVERYTHING", "Band", "ChunkVisibility", "Pattern", "Visibility", "band_blocks",
-           "band_reach", "banded_visibility", "causal_allowed", "chunk_visibility",
-           "cross_visibility", "document_order", "document_starts", "global_queries", "layer_pattern",
-           "layer_window", "local_layer", "self_visibility", "token_order", "unpack",
-           "window_allowed"]
