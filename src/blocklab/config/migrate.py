@@ -29,7 +29,7 @@ UNION: dict[str, Any] = {"feature_map": "elu", "feature_dim": 16, "short_conv": 
 #: attention patterns): an unchanged model keeps its hash
 ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": None,
                          "global_tokens": 0, "random_blocks": 0, "block_size": 16,
-                         "pattern_seed": 0,
+                         "pattern_seed": 0, "global_token_id": None,
                          "global_rope": True, "global_temperature": 0.0,
                          "temperature_floor": 8192}
 

@@ -38,6 +38,7 @@ from blocklab.model.softmax_options import (
     check_values,
     check_window,
     softmax_options,
+    summary_rows,
 )
 
 #: A local layer computes attention in blocks of at least this many queries (each over its
@@ -137,6 +138,7 @@ class SoftmaxAttention(Mixer):
         self.temperature_floor = opts.temperature_floor
         #: BigBird's random key blocks, drawn once (random_blocks.py): kept in the checkpoint
         self.random = getattr(self.window, "random_blocks", 0)
+        self.marks = getattr(self.window, "marked", False)  # global_token_id's marked tokens
         self.register_buffer("random_table", random_blocks.draw(
             opts.pattern_seed, layer, -(-m.max_seq_len // opts.block_size), self.random,
             causal=causal) if self.random else None)
@@ -163,8 +165,8 @@ class SoftmaxAttention(Mixer):
             q = q * query_temperature(seq.positions, self.temperature,
                                       self.temperature_floor).to(q.dtype)[..., None, None]
         if self.window is not None and t > 2 * self.block and (
-                state is None or _empty_ring(seq, state)) and not (
-                self.random and seq.segments is not None):  # packed random blocks: dense
+                state is None or _empty_ring(seq, state)) and not (self.marks or (
+                self.random and seq.segments is not None)):  # marks, packed random: dense
             o = self._banded(q, k, v, seq)
             if state is not None:  # prefill: the ring still keeps this forward's last keys
                 check_no_grad(k)
@@ -176,6 +178,11 @@ class SoftmaxAttention(Mixer):
         check_no_grad(k)
         book = seq.cache.book(state.key)  # the keys' positions / validity / orders (kv.py)
         k, v = state.write(book, k, v)  # (B, Hkv, Tk, D)
+        if self.marks:  # the marks of every key, kept beside them
+            marked = seq.real() & False if seq.marked is None else seq.marked
+            keys = dataclasses.replace(book.keys, marked=state.write_marks(book, marked))
+            vis = seq.visibility(self.window, keys)
+            return self.out(_merge(_sdpa(self, q, k, v, vis)))
         vis = seq.visibility(self.window, book.keys, share=state.key)
         return self.out(_merge(_sdpa(self, q, k, v, vis)))
 
@@ -248,13 +255,13 @@ class SoftmaxAttention(Mixer):
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
-        dims = (batch, self.n_kv_heads)
+        dims, marks = (batch, self.n_kv_heads), {"marks": True} if self.marks else {}
         if static:
-            return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
-        if self.window is not None and not self.random:  # random blocks: the whole history
+            return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device, **marks)
+        if self.window is not None and not (self.random or self.marks):  # the whole history
             return RingState(*dims, ring_slots(self.window, capacity), self.d_head,
                              dtype=dtype, device=device, sinks=sink_slots(self.window, capacity))
-        return KVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
+        return KVState(*dims, capacity, self.d_head, dtype=dtype, device=device, **marks)
 
     @classmethod
     def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
@@ -269,7 +276,7 @@ class SoftmaxAttention(Mixer):
         one). An encoder's global tokens also score every key: ``g · T`` more pairs per row,
         ``g`` per token, counted as ``2 n`` here."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
-        if pattern is None:
+        if pattern is None or getattr(pattern, "marked", False):  # marked tokens: dense
             return seq_len
         window, kept, chunk = masks.unpack(pattern)
         if isinstance(pattern, masks.Pattern):  # global queries; r random blocks of s tokens
@@ -291,9 +298,11 @@ class SoftmaxAttention(Mixer):
         ``min(window - 1, T)`` (``min(chunk - 1, T)``) last tokens and ``min(sinks, T)``
         sinks, constant past that: ``2 · B · H_kv · d_head · bytes`` per token."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
-        tokens = seq_len if pattern is None or getattr(pattern, "random_blocks", 0) else (
+        whole = pattern is None or getattr(pattern, "random_blocks", 0)  # every token so far
+        marks = batch * seq_len if getattr(pattern, "marked", False) else 0  # bool per token
+        tokens = seq_len if whole or marks else (
             ring_slots(pattern, seq_len) + sink_slots(pattern, seq_len))
-        return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
+        return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value + marks
 
     @classmethod
     def describe(cls, m: ModelConfig, layer: int) -> str:
@@ -311,34 +320,13 @@ class SoftmaxAttention(Mixer):
             what += f", {pattern.global_tokens} global tokens"
         if isinstance(pattern, masks.Pattern) and pattern.random_blocks:
             what += f", {pattern.random_blocks} random blocks of {pattern.block_size}"
+        if isinstance(pattern, masks.Pattern) and pattern.marked:
+            what += f", token {opts.global_token_id} global"
         return f"({what}{sink})"
 
     @classmethod
     def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:
-        opts = softmax_options(m)
-        rows = [("attention sink", "learned logit per head")] if opts.learned_sink else []
-        if opts.window is None and opts.attention_chunk is None:
-            return rows
-        g, kinds = opts.global_every, opts.layers
-        pattern = "every softmax layer local" if not g else f"layers {g}, {2 * g}, ... global"
-        if kinds:  # an explicit pattern, repeated over the layers
-            pattern = f"per layer: {', '.join(kinds)}"
-        if opts.attention_chunk is not None:
-            rows.append(("attention chunk", f"{opts.attention_chunk} tokens ({pattern})"))
-        else:
-            rows.append(("attention window", f"{opts.window} tokens ({pattern})"))
-        if opts.sinks:
-            rows.append(("attention sinks", f"first {opts.sinks} tokens of each document"))
-        if opts.global_tokens:
-            rows.append(("global tokens", f"first {opts.global_tokens} tokens of each document"))
-        if opts.random_blocks:
-            rows.append(("random blocks", f"{opts.random_blocks} of {opts.block_size} tokens "
-                         f"per query block (seed {opts.pattern_seed})"))
-        if not opts.global_rope:
-            t = opts.global_temperature
-            rows.append(("global layers", "no rotary angles" + (
-                f", temperature {t} per {opts.temperature_floor} tokens" if t else "")))
-        return rows
+        return summary_rows(softmax_options(m))
 
     @classmethod
     def check_options(cls, opts: SoftmaxOptions, key: str) -> None:

@@ -38,7 +38,8 @@ has no packing), so padding and packing never move them:
 - global:   with ``global_tokens = g``, the first ``g`` real tokens of each document are
   global (Longformer): seen by every query of their document (``d_j < g``, as sinks are) and
   seeing every key of it (``d_i < g``; causal: ``o_j <= o_i``, so only their past — the other
-  global tokens: causal global tokens are sinks).
+  global tokens: causal global tokens are sinks). With ``marked``, tokens of
+  ``global_token_id`` are global too (``marked_j`` / ``marked_i``; causal: all their past).
 - random:   with ``random_blocks = r``, key ``j`` visible too iff its block ``d_j // s`` is
   among the ``r`` drawn for the query's ``d_i // s`` (BigBird; ``s = block_size``, the drawn
   ``table``: random_blocks.py; causal: earlier blocks only).
@@ -126,6 +127,7 @@ class Pattern:
     random_blocks: int = 0  # BigBird: random key blocks per query block of a document
     block_size: int = 16  # tokens per random block
     draw: tuple[int, int] = (0, 0)  # (pattern_seed, layer): which draw the table holds
+    marked: bool = False  # tokens marked by id (global_token_id) are global too
     table: Tensor | None = field(default=None, compare=False, hash=False, repr=False)
 
     def reach(self, *, causal: bool) -> int:
@@ -162,6 +164,8 @@ def layer_pattern(attention: SoftmaxOptions, layer: int) -> int | Pattern | None
     chunk, g = a.attention_chunk, a.global_tokens
     r = {"random_blocks": a.random_blocks, "block_size": a.block_size,
          "draw": (a.pattern_seed, layer)} if a.random_blocks else {}
+    if a.global_token_id is not None:
+        r["marked"] = True
     if chunk is None:
         w = layer_window(a, layer)
         if w is None or not (a.sinks or g or r):
@@ -211,8 +215,8 @@ def token_order(valid: Tensor | None, batch: int, length: int,
 
 
 def window_allowed(q_order: Tensor, k_order: Tensor, window: int | Pattern | None, *,
-                   causal: bool, q_doc: Tensor | None = None,
-                   k_doc: Tensor | None = None) -> Tensor:
+                   causal: bool, q_doc: Tensor | None = None, k_doc: Tensor | None = None,
+                   q_marked: Tensor | None = None, k_marked: Tensor | None = None) -> Tensor:
     """(B, 1, Tq, Tk) bool: the window rule on token orders (see the module docstring); a
     causal rule without a window (None) is causality by order alone, ``o_j <= o_i``. A
     :class:`Pattern` adds its sink and chunk rules on the document orders ``q_doc`` /
@@ -236,6 +240,8 @@ def window_allowed(q_order: Tensor, k_order: Tensor, window: int | Pattern | Non
     if isinstance(window, Pattern) and window.random_blocks and near is not None:
         assert window.table is not None, "random blocks without their drawn table"
         near = near | random_blocks.member(window.table, window.block_size, qd, kd)
+    if getattr(window, "marked", False) and near is not None and k_marked is not None:
+        near = near | k_marked[:, None, None, :].bool() | q_marked[:, None, :, None].bool()
     if not causal:
         return near
     return distance >= 0 if near is None else (distance >= 0) & near
@@ -255,6 +261,8 @@ def self_visibility(
     k_order: Tensor | None = None,  # (B, Tk) int
     q_doc: Tensor | None = None,  # (B, Tq) int, document orders (a Pattern's rules)
     k_doc: Tensor | None = None,  # (B, Tk) int
+    q_marked: Tensor | None = None,  # (B, Tq) bool, marked global (a Pattern's ``marked``)
+    k_marked: Tensor | None = None,  # (B, Tk) bool
     device: torch.device | None = None,
 ) -> Visibility:
     """Visibility for self-attention of ``q_len`` new queries over ``k_len`` keys; with a
@@ -281,7 +289,7 @@ def self_visibility(
                 k_doc = q_doc = document_order(k_order, k_segments, key_valid)
         assert q_order is not None, "k_order without q_order"
         near = window_allowed(q_order, k_order, window, causal=causal, q_doc=q_doc,
-                              k_doc=k_doc)
+                              k_doc=k_doc, q_marked=q_marked, k_marked=k_marked)
         allowed = near if allowed is None else allowed & near
     elif causal:
         allowed = causal_allowed(q_len, k_len, device)[None, None]  # (1, 1, Tq, Tk)
