@@ -17,7 +17,7 @@ import torch
 from variants import VOCAB, tiny
 
 from blocklab.config import ConfigError, MixerConfig, PositionConfig, validate_model
-from blocklab.model import build_model, kv
+from blocklab.model import attention, bands, build_model, kv
 from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.estimate import estimate, table
 from blocklab.model.estimate import state_bytes as kv_cache_bytes
@@ -100,24 +100,56 @@ def _naive(attn, x, valid, segments, marked, *, causal, window=None, chunk=None,
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("options", [{"window": 3}, {"attention_chunk": 4}],
                          ids=["w3", "chunk4"])
-def test_marked_tokens_equal_a_per_query_loop(causal, options):
+def test_marked_tokens_equal_a_per_query_loop(causal, options, monkeypatch):
     """Marked keys seen by every query of their document, marked queries seeing all of it
     (causal: its past), padding on both sides and packing; marks on padding count for
-    nothing. Without the marks as keys, or as queries, the loop moves off."""
+    nothing. Blocked (marked keys as each block's extra keys, marked queries in a dense pass)
+    == dense == the loop. Without the marks as keys, or as queries, the loop moves off; the
+    blocked result without the extra keys, or without the dense pass, moves off the dense."""
     torch.manual_seed(3)
     attn, x, valid, segments, marked, seq = _case(causal, {**options, "global_token_id": 7})
     rules = {"causal": causal, "window": options.get("window"),
              "chunk": options.get("attention_chunk")}
+    run = SoftmaxAttention.forward
     with torch.no_grad():
-        got = attn(x, seq, None)
+        monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)
+        got = run(attn, x, dataclasses.replace(seq, _memo={}), None)
+        for block in (1, 6):
+            monkeypatch.setattr(attention, "MIN_BLOCK", block)
+            assert 2 * attn.block < x.shape[1]  # the banded path
+            blocked = run(attn, x, dataclasses.replace(seq, _memo={}), None)
+            torch.testing.assert_close(blocked[valid], got[valid], atol=1e-5, rtol=0)
+        keys = bands.marked_keys
+        monkeypatch.setattr(bands, "marked_keys", lambda *a, **kw: (
+            keys(*a, **kw)[0], keys(*a, **kw)[1] & False))
+        no_extra = run(attn, x, dataclasses.replace(seq, _memo={}), None)
+        monkeypatch.setattr(bands, "marked_keys", keys)
+        monkeypatch.setattr(SoftmaxAttention, "_global_rows", lambda self, o, *a: o)
+        no_pass = run(attn, x, dataclasses.replace(seq, _memo={}), None)
         want = _naive(attn, x, valid, segments, marked, **rules)
         no_keys = _naive(attn, x, valid, segments, marked, **rules, keys_marked=False)
         no_queries = _naive(attn, x, valid, segments, marked, **rules, queries_marked=False)
         unmarked = attn(x, dataclasses.replace(seq, marked=None, _memo={}), None)
     torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
     assert not got.isnan().any()
-    for wrong in (no_keys, no_queries, unmarked):
+    for wrong in (no_keys, no_queries, unmarked, no_extra, no_pass):
         assert not torch.allclose(wrong[valid], got[valid], atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_marked_tokens_beside_random_blocks_blocked_equals_dense(causal, monkeypatch):
+    """A marked key that is also a drawn random key is counted once (blocked == dense)."""
+    torch.manual_seed(4)
+    attn, x, valid, _, _, seq = _case(causal, {
+        "window": 3, "global_token_id": 7, "random_blocks": 2, "block_size": 2})
+    rows = dataclasses.replace(seq, segments=None,
+                               positions=default_positions(x, valid, None))
+    with torch.no_grad():
+        monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)
+        dense = attn(x, dataclasses.replace(rows, _memo={}), None)
+        monkeypatch.setattr(attention, "MIN_BLOCK", 4)
+        blocked = attn(x, dataclasses.replace(rows, _memo={}), None)
+    torch.testing.assert_close(blocked[valid], dense[valid], atol=1e-5, rtol=0)
 
 
 def _model(options: dict, family: str = DEC):
@@ -144,7 +176,8 @@ def test_the_model_marks_tokens_by_id_far_past_the_window():
 def test_cached_decoding_equals_the_full_forward(static, monkeypatch):
     """Prefill, then tokens one at a time and in a chunk, marked tokens among them: the full
     forward's logits; the state (every key and its mark) is priced; a state that forgets the
-    marks of earlier keys is caught."""
+    marks of earlier keys is caught. The dynamic cache's prefill is banded."""
+    monkeypatch.setattr(attention, "MIN_BLOCK", 2)
     torch.manual_seed(6)
     cfg, model = _model({"window": 3, "global_token_id": 5})
     ids = torch.randint(6, VOCAB, (2, 40))
@@ -177,7 +210,7 @@ def test_cached_decoding_equals_the_full_forward(static, monkeypatch):
 
 def test_the_estimator_prices_and_names_marked_tokens():
     cfg, _ = _model({"window": 3, "global_token_id": 5})
-    assert SoftmaxAttention.score_keys(cfg, 0, seq_len=50) == 50  # the dense mask
+    assert SoftmaxAttention.score_keys(cfg, 0, seq_len=50) == 3  # marked keys: the data's
     small, big = (kv_cache_bytes(cfg, 1, n, 4) for n in (64, 6400))
     assert big == 100 * small
     shown = table(cfg, estimate(cfg, batch=1, seq_len=64, bytes_per_value=4), batch=1,

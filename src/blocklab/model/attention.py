@@ -165,12 +165,16 @@ class SoftmaxAttention(Mixer):
             q = q * query_temperature(seq.positions, self.temperature,
                                       self.temperature_floor).to(q.dtype)[..., None, None]
         if self.window is not None and t > 2 * self.block and (
-                state is None or _empty_ring(seq, state)) and not (self.marks or (
-                self.random and seq.segments is not None)):  # marks, packed random: dense
+                state is None or _empty_ring(seq, state)) and not (
+                self.random and seq.segments is not None):  # packed random blocks: dense
             o = self._banded(q, k, v, seq)
             if state is not None:  # prefill: the ring still keeps this forward's last keys
                 check_no_grad(k)
-                state.write(seq.cache.book(state.key), k.transpose(1, 2), v.transpose(1, 2))
+                book = seq.cache.book(state.key)
+                state.write(book, k.transpose(1, 2), v.transpose(1, 2))
+                if self.marks:  # and the marks of those keys
+                    state.write_marks(book, seq.real() & False if seq.marked is None
+                                      else seq.marked)
             return self.out(o)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
         if state is None:
@@ -201,9 +205,11 @@ class SoftmaxAttention(Mixer):
         b, t = qkv.shape[:2]
         h, hkv, block = self.n_heads, self.n_kv_heads, self.block
         positions, segments, valid = seq.positions, seq.segments, seq.valid
+        marked = seq.marked if self.marks else None
         rows = seqops.compact(seq)
         if valid is not None:  # real tokens first, so orders grow by one along the row
             qkv, positions = rows.gather(qkv), rows.gather(positions)
+            marked = None if marked is None else rows.gather(marked)
             segments = None if segments is None else rows.gather(segments)
             valid = rows.real
         tp = -(-t // block) * block  # padded to whole blocks
@@ -214,37 +220,45 @@ class SoftmaxAttention(Mixer):
             positions = F.pad(positions, (0, pad))
             real = F.pad(real, (0, pad), value=False)
             segments = None if segments is None else F.pad(segments, (0, pad), value=-1)
+            marked = None if marked is None else F.pad(marked, (0, pad), value=False)
         nb = tp // block
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
         kept = masks.unpack(self.window)[1]
-        extra = None if not self.random else random_blocks.band_keys(
+        extras = [] if not self.random else [random_blocks.band_keys(
             self.random_table, self.window.block_size, length=tp, block=block,  # type: ignore
-            causal=self.causal, kept=kept)
+            causal=self.causal, kept=kept)]
+        if marked is not None:  # marked keys, each once (not again as a random key)
+            marked = marked & real
+            extras = [(i, f & ~marked[:, i]) for i, f in extras] + [bands.marked_keys(
+                marked, masks.document_order(ranks, segments, real), block,
+                causal=self.causal, kept=kept)]
         band = bands.Band.of(tp, block, causal=self.causal, sinks=kept, segments=segments,
-                             batch=b, device=qkv.device, random=extra)
+                             batch=b, device=qkv.device, extras=tuple(extras))
         qb = positions.reshape(b * nb, block)
         kb = band.keys(positions)  # (B·nb, K + n)
         vis = bands.banded_visibility(causal=self.causal, window=self.window, block=block,
                                       order=ranks, valid=real, segments=segments,
-                                      bias=seq.position.score_bias(qb, kb), band=band)
+                                      bias=seq.position.score_bias(qb, kb), band=band,
+                                      marked=marked)
         q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
         kv = band.keys(qkv[:, :, h:]).transpose(1, 2)  # (B·nb, 2Hkv, K + n, D)
         o = _sdpa(self, q, kv[:, :hkv], kv[:, hkv:], vis)  # (B·nb, H, L, D)
         o = o.transpose(1, 2).reshape(b, tp, -1)  # (B, T', H·D)
-        if getattr(self.window, "global_tokens", 0) and not self.causal:
-            o = self._global_rows(o, qkv, positions, real, segments, seq)
+        if marked is not None or (getattr(self.window, "global_tokens", 0) and not self.causal):
+            o = self._global_rows(o, qkv, positions, real, segments, seq, marked)
         return rows.scatter(o[:, :t])  # back to the caller's token order
 
     def _global_rows(self, o: Tensor, qkv: Tensor, positions: Tensor, real: Tensor,
-                     segments: Tensor | None, seq: Sequence) -> Tensor:
-        """A bidirectional layer's global queries (Longformer) see their whole document: one
+                     segments: Tensor | None, seq: Sequence, marked: Tensor | None) -> Tensor:
+        """A bidirectional layer's global queries and any layer's marked ones (Longformer)
+        see their whole document (causal: its past): one
         dense pass of those G queries over the T keys (cost G·T), written over their banded
         rows of ``o`` (B, T, H·D); compacted rows (real tokens first)."""
         b, tp = real.shape
         h, hkv = self.n_heads, self.n_kv_heads
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
         idx, ok, vis = bands.global_queries(self.window, ranks, real, segments, positions,
-                                            seq.position)
+                                            seq.position, marked, self.causal)
         g = idx.shape[1]
         at = idx[..., None, None].expand(b, g, h, qkv.shape[-1])
         q = qkv[:, :, :h].gather(1, at).transpose(1, 2)  # (B, G, H, D) -> (B, H, G, D)
@@ -276,7 +290,7 @@ class SoftmaxAttention(Mixer):
         one). An encoder's global tokens also score every key: ``g · T`` more pairs per row,
         ``g`` per token, counted as ``2 n`` here."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
-        if pattern is None or getattr(pattern, "marked", False):  # marked tokens: dense
+        if pattern is None:
             return seq_len
         window, kept, chunk = masks.unpack(pattern)
         if isinstance(pattern, masks.Pattern):  # global queries; r random blocks of s tokens
