@@ -287,8 +287,8 @@ class SoftmaxAttention(Mixer):
         """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311),
         ``min(window + n, T)`` (a local one: the blocked computation never scores far keys;
         ``n`` = sinks or global tokens, whichever is more) or ``min(chunk + n, T)`` (a chunked
-        one). An encoder's global tokens also score every key: ``g · T`` more pairs per row,
-        ``g`` per token, counted as ``2 n`` here."""
+        one). An encoder's global tokens also score every key (``g · T`` pairs per row, counted
+        as ``2 n``); random blocks ``r · s`` more; marked tokens (the data's) are not counted."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
         if pattern is None:
             return seq_len
