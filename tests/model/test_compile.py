@@ -65,7 +65,8 @@ def _values(cfg: ModelConfig) -> set[tuple[str, object]]:
 
 
 #: softmax's attention-pattern options (variants.py PATTERNS): each pattern is an axis value
-PATTERN_KEYS = ("sinks", "learned_sink", "attention_chunk", "global_rope", "global_tokens")
+PATTERN_KEYS = ("sinks", "learned_sink", "attention_chunk", "global_rope", "global_tokens",
+                "random_blocks", "global_token_id")
 
 
 COVER = covering(grid())

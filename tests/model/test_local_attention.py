@@ -17,7 +17,7 @@ import torch
 from variants import VOCAB, tiny
 
 from blocklab.config import ConfigError, MixerConfig, PositionConfig, validate_model
-from blocklab.model import attention, bands, build_model, masks
+from blocklab.model import attention, build_model, masks
 from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.estimate import estimate, table
 from blocklab.model.estimate import state_bytes as kv_cache_bytes
@@ -181,7 +181,7 @@ def test_banded_local_attention_equals_the_dense_mask_and_the_brute_force(
     the reach would lose keys: the negative control)."""
     torch.manual_seed(2)
     attn, x, valid, segments, positions, seq = _windowed_case(causal, window, alibi, t=29)
-    reach = bands.band_reach(window, causal=causal)
+    reach = masks.band_reach(window, causal=causal)
     with torch.no_grad():
         monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)  # dense
         dense = attn(x, dataclasses.replace(seq, _memo={}), None)

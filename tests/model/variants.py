@@ -51,7 +51,8 @@ LOCAL = [(3, 0), (5, 2)]
 # softmax's attention patterns (docs/mixers.md "Attention patterns"), one variant per family ×
 # pattern: sinks beside a window (shorter than the tests' sequences, sinks before the band), a
 # learned sink, chunks (all chunked; chunked + no-rotary global layers with temperature),
-# global tokens beside a window
+# global tokens beside a window, BigBird's random blocks beside a window and a sink, tokens
+# marked global by id (3: frequent in the tests' random ids)
 PATTERNS: list[dict[str, object]] = [
     {"window": 3, "sinks": 2},
     {"window": 5, "global_every": 2, "sinks": 1, "learned_sink": True},
@@ -59,6 +60,8 @@ PATTERNS: list[dict[str, object]] = [
     {"attention_chunk": 3, "global_every": 2, "sinks": 1, "global_rope": False,
      "global_temperature": 0.5, "temperature_floor": 4},
     {"window": 3, "global_tokens": 1, "learned_sink": True},
+    {"window": 3, "random_blocks": 1, "block_size": 2, "sinks": 1},
+    {"window": 3, "global_token_id": 3},
 ]
 
 

@@ -29,7 +29,9 @@ UNION: dict[str, Any] = {"feature_map": "elu", "feature_dim": 16, "short_conv": 
 #: out of the hashed layout at their defaults, so an unchanged model keeps its hash (issue 44:
 #: softmax attention's patterns, linear attention's FAVOR+ options)
 ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": None,
-                         "global_tokens": 0, "global_rope": True, "global_temperature": 0.0,
+                         "global_tokens": 0, "random_blocks": 0, "block_size": 16,
+                         "pattern_seed": 0, "global_token_id": None,
+                         "global_rope": True, "global_temperature": 0.0,
                          "temperature_floor": 8192,
                          "n_features": 64, "orthogonal": True, "redraw_every": 0,
                          "feature_seed": 0}

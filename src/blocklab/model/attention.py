@@ -12,12 +12,14 @@ C cache capacity, S ring slots of a local layer, nb blocks of L queries, K keys 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
-from blocklab.model import bands, masks, seqops
+from blocklab.model import bands, masks, random_blocks, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.kv import (
     CrossKV,
@@ -35,6 +37,7 @@ from blocklab.model.softmax_options import (
     check_values,
     check_window,
     softmax_options,
+    summary_rows,
 )
 
 #: A local layer computes attention in blocks of at least this many queries (each over its
@@ -104,7 +107,9 @@ class SoftmaxAttention(Mixer):
     masks.py): attention sinks beside the window ("StreamingLLM", arXiv 2309.17453), chunks
     instead of a window (Llama 4's ``attention_chunk_size``), global tokens (Longformer) — the
     band gains each block's sink keys (bands.py) and an encoder's global queries one dense
-    pass; the ring keeps the sinks. ``learned_sink`` adds a per-head logit to every softmax
+    pass; the ring keeps the sinks. BigBird's random blocks (arXiv 2007.14062;
+    random_blocks.py) add each block's drawn keys to its band, and keep the whole history for
+    decoding. ``learned_sink`` adds a per-head logit to every softmax
     denominator (the gpt-oss model card); ``global_rope: false`` drops rotary angles on the
     global layers of a local stack, with Llama 4's query temperature (patterns.py)."""
 
@@ -130,6 +135,21 @@ class SoftmaxAttention(Mixer):
         self.rope = not nope
         self.temperature = opts.global_temperature if nope else 0.0
         self.temperature_floor = opts.temperature_floor
+        #: BigBird's random key blocks, drawn once (random_blocks.py): kept in the checkpoint
+        self.random = getattr(self.window, "random_blocks", 0)
+        self.marks = getattr(self.window, "marked", False)  # global_token_id's marked tokens
+        self.register_buffer("random_table", random_blocks.draw(
+            opts.pattern_seed, layer, -(-m.max_seq_len // opts.block_size), self.random,
+            causal=causal) if self.random else None)
+        if self.random:  # the pattern reads the table (and again after every move)
+            self.window = dataclasses.replace(self.window, table=self.random_table)
+
+    def _apply(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """The pattern reads the drawn table: a buffer, so a move makes a new tensor."""
+        out = super()._apply(*args, **kwargs)
+        if self.random:
+            self.window = dataclasses.replace(self.window, table=self.random_table)
+        return out
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
         b, t, _ = x.shape
@@ -144,11 +164,16 @@ class SoftmaxAttention(Mixer):
             q = q * query_temperature(seq.positions, self.temperature,
                                       self.temperature_floor).to(q.dtype)[..., None, None]
         if self.window is not None and t > 2 * self.block and (
-                state is None or _empty_ring(seq, state)):
+                state is None or _empty_ring(seq, state)) and not (
+                self.random and seq.segments is not None):  # packed random blocks: dense
             o = self._banded(q, k, v, seq)
             if state is not None:  # prefill: the ring still keeps this forward's last keys
                 check_no_grad(k)
-                state.write(seq.cache.book(state.key), k.transpose(1, 2), v.transpose(1, 2))
+                book = seq.cache.book(state.key)
+                state.write(book, k.transpose(1, 2), v.transpose(1, 2))
+                if self.marks:  # and the marks of those keys
+                    state.write_marks(book, seq.real() & False if seq.marked is None
+                                      else seq.marked)
             return self.out(o)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
         if state is None:
@@ -156,6 +181,11 @@ class SoftmaxAttention(Mixer):
         check_no_grad(k)
         book = seq.cache.book(state.key)  # the keys' positions / validity / orders (kv.py)
         k, v = state.write(book, k, v)  # (B, Hkv, Tk, D)
+        if self.marks:  # the marks of every key, kept beside them
+            marked = seq.real() & False if seq.marked is None else seq.marked
+            keys = dataclasses.replace(book.keys, marked=state.write_marks(book, marked))
+            vis = seq.visibility(self.window, keys)
+            return self.out(_merge(_sdpa(self, q, k, v, vis)))
         vis = seq.visibility(self.window, book.keys, share=state.key)
         return self.out(_merge(_sdpa(self, q, k, v, vis)))
 
@@ -163,7 +193,9 @@ class SoftmaxAttention(Mixer):
     def block(self) -> int:
         assert self.window is not None
         sinks = masks.unpack(self.window)[1]
-        return max(bands.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
+        block = max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
+        s = self.window.block_size if self.random else 1  # type: ignore[union-attr]
+        return -(-block // s) * s  # whole random blocks per query block
 
     def _banded(self, q: Tensor, k: Tensor, v: Tensor, seq: Sequence) -> Tensor:
         """Local attention in blocks over bands of keys: q (B, T, H, D), k and v (B, T, Hkv,
@@ -172,9 +204,11 @@ class SoftmaxAttention(Mixer):
         b, t = qkv.shape[:2]
         h, hkv, block = self.n_heads, self.n_kv_heads, self.block
         positions, segments, valid = seq.positions, seq.segments, seq.valid
+        marked = seq.marked if self.marks else None
         rows = seqops.compact(seq)
         if valid is not None:  # real tokens first, so orders grow by one along the row
             qkv, positions = rows.gather(qkv), rows.gather(positions)
+            marked = None if marked is None else rows.gather(marked)
             segments = None if segments is None else rows.gather(segments)
             valid = rows.real
         tp = -(-t // block) * block  # padded to whole blocks
@@ -185,33 +219,45 @@ class SoftmaxAttention(Mixer):
             positions = F.pad(positions, (0, pad))
             real = F.pad(real, (0, pad), value=False)
             segments = None if segments is None else F.pad(segments, (0, pad), value=-1)
+            marked = None if marked is None else F.pad(marked, (0, pad), value=False)
         nb = tp // block
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
-        band = bands.Band.of(tp, block, causal=self.causal, sinks=masks.unpack(self.window)[1],
-                             segments=segments, batch=b, device=qkv.device)
+        kept = masks.unpack(self.window)[1]
+        extras = [] if not self.random else [random_blocks.band_keys(
+            self.random_table, self.window.block_size, length=tp, block=block,  # type: ignore
+            causal=self.causal, kept=kept)]
+        if marked is not None:  # marked keys, each once (not again as a random key)
+            marked = marked & real
+            extras = [(i, f & ~marked[:, i]) for i, f in extras] + [bands.marked_keys(
+                marked, masks.document_order(ranks, segments, real), block,
+                causal=self.causal, kept=kept)]
+        band = bands.Band.of(tp, block, causal=self.causal, sinks=kept, segments=segments,
+                             batch=b, device=qkv.device, extras=tuple(extras))
         qb = positions.reshape(b * nb, block)
         kb = band.keys(positions)  # (B·nb, K + n)
         vis = bands.banded_visibility(causal=self.causal, window=self.window, block=block,
                                       order=ranks, valid=real, segments=segments,
-                                      bias=seq.position.score_bias(qb, kb), band=band)
+                                      bias=seq.position.score_bias(qb, kb), band=band,
+                                      marked=marked)
         q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
         kv = band.keys(qkv[:, :, h:]).transpose(1, 2)  # (B·nb, 2Hkv, K + n, D)
         o = _sdpa(self, q, kv[:, :hkv], kv[:, hkv:], vis)  # (B·nb, H, L, D)
         o = o.transpose(1, 2).reshape(b, tp, -1)  # (B, T', H·D)
-        if getattr(self.window, "global_tokens", 0) and not self.causal:
-            o = self._global_rows(o, qkv, positions, real, segments, seq)
+        if marked is not None or (getattr(self.window, "global_tokens", 0) and not self.causal):
+            o = self._global_rows(o, qkv, positions, real, segments, seq, marked)
         return rows.scatter(o[:, :t])  # back to the caller's token order
 
     def _global_rows(self, o: Tensor, qkv: Tensor, positions: Tensor, real: Tensor,
-                     segments: Tensor | None, seq: Sequence) -> Tensor:
-        """A bidirectional layer's global queries (Longformer) see their whole document: one
+                     segments: Tensor | None, seq: Sequence, marked: Tensor | None) -> Tensor:
+        """A bidirectional layer's global queries and any layer's marked ones (Longformer)
+        see their whole document (causal: its past): one
         dense pass of those G queries over the T keys (cost G·T), written over their banded
         rows of ``o`` (B, T, H·D); compacted rows (real tokens first)."""
         b, tp = real.shape
         h, hkv = self.n_heads, self.n_kv_heads
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
         idx, ok, vis = bands.global_queries(self.window, ranks, real, segments, positions,
-                                            seq.position)
+                                            seq.position, marked, self.causal)
         g = idx.shape[1]
         at = idx[..., None, None].expand(b, g, h, qkv.shape[-1])
         q = qkv[:, :, :h].gather(1, at).transpose(1, 2)  # (B, G, H, D) -> (B, H, G, D)
@@ -222,13 +268,13 @@ class SoftmaxAttention(Mixer):
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
-        dims = (batch, self.n_kv_heads)
+        dims, marks = (batch, self.n_kv_heads), {"marks": True} if self.marks else {}
         if static:
-            return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
-        if self.window is not None:
+            return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device, **marks)
+        if self.window is not None and not (self.random or self.marks):  # the whole history
             return RingState(*dims, ring_slots(self.window, capacity), self.d_head,
                              dtype=dtype, device=device, sinks=sink_slots(self.window, capacity))
-        return KVState(*dims, capacity, self.d_head, dtype=dtype, device=device)
+        return KVState(*dims, capacity, self.d_head, dtype=dtype, device=device, **marks)
 
     @classmethod
     def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
@@ -240,13 +286,14 @@ class SoftmaxAttention(Mixer):
         """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311),
         ``min(window + n, T)`` (a local one: the blocked computation never scores far keys;
         ``n`` = sinks or global tokens, whichever is more) or ``min(chunk + n, T)`` (a chunked
-        one). An encoder's global tokens also score every key: ``g · T`` more pairs per row,
-        ``g`` per token, counted as ``2 n`` here."""
+        one). An encoder's global tokens also score every key (``g · T`` pairs per row, counted
+        as ``2 n``); random blocks ``r · s`` more; marked tokens (the data's) are not counted."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
         if pattern is None:
             return seq_len
         window, kept, chunk = masks.unpack(pattern)
-        kept += pattern.global_tokens if isinstance(pattern, masks.Pattern) else 0
+        if isinstance(pattern, masks.Pattern):  # global queries; r random blocks of s tokens
+            kept += pattern.global_tokens + pattern.random_blocks * pattern.block_size
         return min((chunk if chunk is not None else window) + kept, seq_len)  # type: ignore
 
     @classmethod
@@ -264,9 +311,11 @@ class SoftmaxAttention(Mixer):
         ``min(window - 1, T)`` (``min(chunk - 1, T)``) last tokens and ``min(sinks, T)``
         sinks, constant past that: ``2 · B · H_kv · d_head · bytes`` per token."""
         pattern = masks.layer_pattern(softmax_options(m), layer)
-        tokens = seq_len if pattern is None else (
+        whole = pattern is None or getattr(pattern, "random_blocks", 0)  # every token so far
+        marks = batch * seq_len if getattr(pattern, "marked", False) else 0  # bool per token
+        tokens = seq_len if whole or marks else (
             ring_slots(pattern, seq_len) + sink_slots(pattern, seq_len))
-        return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value
+        return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value + marks
 
     @classmethod
     def describe(cls, m: ModelConfig, layer: int) -> str:
@@ -282,31 +331,15 @@ class SoftmaxAttention(Mixer):
             what += f", {pattern.sinks} sinks"
         if isinstance(pattern, masks.Pattern) and pattern.global_tokens:
             what += f", {pattern.global_tokens} global tokens"
+        if isinstance(pattern, masks.Pattern) and pattern.random_blocks:
+            what += f", {pattern.random_blocks} random blocks of {pattern.block_size}"
+        if isinstance(pattern, masks.Pattern) and pattern.marked:
+            what += f", token {opts.global_token_id} global"
         return f"({what}{sink})"
 
     @classmethod
     def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:
-        opts = softmax_options(m)
-        rows = [("attention sink", "learned logit per head")] if opts.learned_sink else []
-        if opts.window is None and opts.attention_chunk is None:
-            return rows
-        g, kinds = opts.global_every, opts.layers
-        pattern = "every softmax layer local" if not g else f"layers {g}, {2 * g}, ... global"
-        if kinds:  # an explicit pattern, repeated over the layers
-            pattern = f"per layer: {', '.join(kinds)}"
-        if opts.attention_chunk is not None:
-            rows.append(("attention chunk", f"{opts.attention_chunk} tokens ({pattern})"))
-        else:
-            rows.append(("attention window", f"{opts.window} tokens ({pattern})"))
-        if opts.sinks:
-            rows.append(("attention sinks", f"first {opts.sinks} tokens of each document"))
-        if opts.global_tokens:
-            rows.append(("global tokens", f"first {opts.global_tokens} tokens of each document"))
-        if not opts.global_rope:
-            t = opts.global_temperature
-            rows.append(("global layers", "no rotary angles" + (
-                f", temperature {t} per {opts.temperature_floor} tokens" if t else "")))
-        return rows
+        return summary_rows(softmax_options(m))
 
     @classmethod
     def check_options(cls, opts: SoftmaxOptions, key: str) -> None:
@@ -321,7 +354,7 @@ class SoftmaxAttention(Mixer):
 
 def _empty_ring(seq: Sequence, state: State) -> bool:
     """A local layer's first forward into a dynamic cache (prefill): no earlier key to see."""
-    return isinstance(state, RingState) and seq.cache is not None and seq.cache.length == 0
+    return isinstance(state, (RingState, KVState)) and seq.cache is not None and seq.cache.length == 0
 
 
 def projection_params(cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,

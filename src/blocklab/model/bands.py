@@ -1,7 +1,8 @@
 """The blocked layout of masks.py's rules for local layers: blocks of ``L`` queries, each over
 the keys of its *band* (the previous and its own block of keys; encoders also the next) and,
 with attention sinks, the first ``n`` tokens of the one document that can begin before the
-band. Every key of a query's window, chunk or sinks is in its band or its extras, and each key
+band, and with BigBird's random blocks each block's drawn keys (random_blocks.py). Every key
+of a query's window, chunk, sinks or random blocks is in its band or its extras, and each key
 appears once, so a local layer costs time and memory proportional to ``T · (L + n)`` instead of
 ``T²``. Which of those keys a query sees is then decided by the same predicates as the dense
 mask (:func:`~blocklab.model.masks.self_visibility`, applied here per band).
@@ -25,13 +26,6 @@ if TYPE_CHECKING:
 
 #: the order a key beyond either end of the row gets (never within a window)
 FAR = -(1 << 30)
-
-
-def band_reach(window: int | masks.Pattern, *, causal: bool) -> int:
-    """Keys a local query reaches on one side: ``window - 1`` back (causal) or
-    ``(window - 1) // 2`` each way (bidirectional); a chunk ``c``: ``c - 1`` either way."""
-    return (window if isinstance(window, masks.Pattern) else masks.Pattern(window=window)
-            ).reach(causal=causal)
 
 
 def band_blocks(x: Tensor, block: int, *, causal: bool, fill: float | int | bool = 0) -> Tensor:
@@ -67,10 +61,13 @@ class Band:
     @staticmethod
     def of(length: int, block: int, *, causal: bool, sinks: int = 0,
            segments: Tensor | None = None, batch: int = 1,
-           device: torch.device | None = None) -> Band:
+           device: torch.device | None = None,
+           extras: tuple[tuple[Tensor, Tensor], ...] = ()) -> Band:
         """The band of rows of ``length = nb·L`` slots (``segments``: their packed
-        documents, contiguous runs; None: one document per row)."""
-        if not sinks:
+        documents, contiguous runs; None: one document per row). ``extras``: more keys of
+        each block after the sink keys, (B|1, nb, E) indices and ``fresh`` (random blocks:
+        random_blocks.py ``band_keys``; marked tokens: :func:`marked_keys`)."""
+        if not sinks and not extras:
             return Band(block, causal)
         assert sinks <= block, "sinks beyond a block could begin outside the band"
         nb = length // block
@@ -84,10 +81,16 @@ class Band:
             start = doc_first[:, first.clamp(min=0)]  # (B, nb)
         extra = start[..., None] + torch.arange(sinks, device=device)  # (B, nb, n)
         fresh = extra < first[None, :, None]
-        return Band(block, causal, extra.clamp(max=length - 1), fresh)
+        extra = extra.clamp(max=length - 1)
+        for idx, ok in extras:
+            b = max(extra.shape[0], idx.shape[0] if idx.dim() == 3 else 1)
+            extra = torch.cat((extra.expand(b, -1, -1), idx.expand(b, -1, -1)), -1)
+            fresh = torch.cat((fresh.expand(b, -1, -1), ok.expand(b, -1, -1)), -1)
+        return Band(block, causal, extra, fresh)
 
     def keys(self, x: Tensor, fill: float | int | bool = 0) -> Tensor:
-        """(B, nb·L, ...) -> (B·nb, K + n, ...): each query block's keys (band, then sinks)."""
+        """(B, nb·L, ...) -> (B·nb, K + n, ...): each query block's keys (band, then sinks,
+        then random keys)."""
         band = band_blocks(x, self.block, causal=self.causal, fill=fill)  # (B, nb, K, ...)
         b, nb = band.shape[:2]
         if self.extra is not None:
@@ -107,6 +110,23 @@ class Band:
         return torch.cat((k[:, :-n], k[:, -n:] & self.fresh.reshape(-1, n)), 1)
 
 
+def marked_keys(marked: Tensor, doc: Tensor, block: int, *, causal: bool,
+                kept: int) -> tuple[Tensor, Tensor]:
+    """The marked keys (``global_token_id``) of compacted rows (B, nb·L) as every block's
+    extra keys: (B, nb, M) indices and ``fresh`` — a real marked key outside the band and not
+    among the first ``kept`` of its document (the sink keys hold those). ``M``: the most
+    marked tokens of a row, a count read from the data (one graph break under compile)."""
+    b, t = marked.shape
+    nb = t // block
+    count = int(marked.sum(-1).max())
+    idx = torch.sort((~marked).to(torch.int8), dim=1, stable=True).indices[:, :count]
+    ok = marked.gather(1, idx) & (doc.gather(1, idx) >= kept)  # (B, M)
+    lo = ((torch.arange(nb, device=marked.device) - 1) * block)[None, :, None]
+    hi = lo + (2 if causal else 3) * block
+    pos = idx[:, None, :]
+    return pos.expand(b, nb, count), ok[:, None, :] & ((pos < lo) | (pos >= hi))
+
+
 def banded_visibility(
     *,
     causal: bool,
@@ -117,6 +137,7 @@ def banded_visibility(
     segments: Tensor | None = None,  # (B, nb·L)
     bias: Tensor | None = None,  # (B·nb, H, L, K + n) score bias of the blocked layout
     band: Band | None = None,  # the keys of each block (default: the band alone)
+    marked: Tensor | None = None,  # (B, nb·L) bool: tokens marked global (global_token_id)
 ) -> masks.Visibility:
     """The window rule (or a :class:`~blocklab.model.masks.Pattern`'s), the padding rule and
     the document rule of :func:`~blocklab.model.masks.self_visibility`, for the blocked
@@ -129,7 +150,9 @@ def banded_visibility(
     q_order = order.reshape(b * nb, block)
     k_order = band.keys(order, FAR)
     k_valid = band.valid(valid)
-    seg_q = seg_k = q_doc = k_doc = None
+    seg_q = seg_k = q_doc = k_doc = q_marked = k_marked = None
+    if marked is not None:
+        q_marked, k_marked = marked.reshape(b * nb, block), band.keys(marked, False)
     if segments is not None:
         seg_q = segments.reshape(b * nb, block)
         seg_k = band.keys(segments, -1)
@@ -139,30 +162,37 @@ def banded_visibility(
     return masks.self_visibility(causal=causal, q_len=block, k_len=k_order.shape[1],
                                  key_valid=k_valid, q_segments=seg_q, k_segments=seg_k,
                                  bias=bias, window=window, q_order=q_order, k_order=k_order,
-                                 q_doc=q_doc, k_doc=k_doc, device=order.device)
+                                 q_doc=q_doc, k_doc=k_doc, q_marked=q_marked,
+                                 k_marked=k_marked, device=order.device)
 
 
 def global_queries(pattern: masks.Pattern, order: Tensor, valid: Tensor,
-                   segments: Tensor | None, positions: Tensor,
-                   position: Position) -> tuple[Tensor, Tensor, masks.Visibility]:
+                   segments: Tensor | None, positions: Tensor, position: Position,
+                   marked: Tensor | None = None,
+                   causal: bool = False) -> tuple[Tensor, Tensor, masks.Visibility]:
     """The global queries of compacted rows (``order`` growing by one per real token): the
     first ``g = pattern.global_tokens`` real tokens of each document, (B, G) indices into the
     row with (B, G) ``ok`` (a real global query: the rest pad the count), and their
     bidirectional visibility over every key of the row (the dense rule, so all of their
-    document). G is ``g`` for rows of one document each, else the most global queries of a
-    row (a count read from the data)."""
+    document; ``causal``: their past). With ``marked``, the marked tokens too. G is ``g`` for
+    rows of one document each without marks, else the most global queries of a row (a count
+    read from the data)."""
     b, t = order.shape
     doc = masks.document_order(order, segments, valid)
     is_global = valid & (doc < pattern.global_tokens)
-    if segments is None:  # the first g slots (real tokens first)
+    if marked is not None:  # and the marked tokens (their count read from the data too)
+        is_global = is_global | (valid & marked)
+    if segments is None and marked is None:  # the first g slots (real tokens first)
         idx = torch.arange(min(pattern.global_tokens, t), device=order.device).expand(b, -1)
     else:
         count = int(is_global.sum(-1).max())
         idx = torch.sort((~is_global).to(torch.int8), dim=1, stable=True).indices[:, :count]
     ok = is_global.gather(1, idx)
     seg_q = None if segments is None else segments.gather(1, idx)
+    q_marked = None if marked is None else marked.gather(1, idx)
     vis = masks.self_visibility(
-        causal=False, q_len=idx.shape[1], k_len=t, key_valid=valid, q_segments=seg_q,
+        causal=causal, q_len=idx.shape[1], k_len=t, key_valid=valid, q_segments=seg_q,
+        q_marked=q_marked, k_marked=marked,
         k_segments=segments, window=pattern, q_order=order.gather(1, idx), k_order=order,
         q_doc=doc.gather(1, idx), k_doc=doc,
         bias=position.score_bias(positions.gather(1, idx), positions), device=order.device)

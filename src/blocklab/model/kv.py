@@ -176,11 +176,20 @@ class KVState(State):
     books = MappingProxyType({key: History})
 
     def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+                 dtype: torch.dtype, device: torch.device | str, marks: bool = False) -> None:
         self.capacity = capacity
         slots = min(capacity, FIRST_SLOTS)
         self.k = torch.zeros(batch, n_kv_heads, slots, d_head, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)  # (B, Hkv, C, D)
+        if marks:  # which keys are marked global (global_token_id): (B, C) bool
+            self.marked = torch.zeros(batch, slots, dtype=torch.bool, device=device)
+
+    def write_marks(self, book: History, marked: Tensor) -> Tensor:
+        """Keep this forward's marks (B, T) beside its keys: (B, Tk) the marks of every key."""
+        start, end = book.start, book.start + marked.shape[1]
+        self.marked = _grown(self.marked, 1, end, self.capacity)
+        self.marked[:, start:end] = marked
+        return self.marked[:, :end]
 
     def write(self, book: History, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         start, end = book.start, book.start + k.shape[2]
@@ -222,9 +231,15 @@ class FixedKVState(State):
     books = MappingProxyType({key: Fixed})
 
     def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
-                 dtype: torch.dtype, device: torch.device | str) -> None:
+                 dtype: torch.dtype, device: torch.device | str, marks: bool = False) -> None:
         self.k = torch.zeros(batch, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
+        if marks:  # as KVState's
+            self.marked = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
+
+    def write_marks(self, book: Fixed, marked: Tensor) -> Tensor:
+        self.marked.index_copy_(1, book.written, marked)
+        return self.marked
 
     def write(self, book: Fixed, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         self.k.index_copy_(2, book.written, k)

@@ -38,7 +38,11 @@ has no packing), so padding and packing never move them:
 - global:   with ``global_tokens = g``, the first ``g`` real tokens of each document are
   global (Longformer): seen by every query of their document (``d_j < g``, as sinks are) and
   seeing every key of it (``d_i < g``; causal: ``o_j <= o_i``, so only their past — the other
-  global tokens: causal global tokens are sinks).
+  global tokens: causal global tokens are sinks). With ``marked``, tokens of
+  ``global_token_id`` are global too (``marked_j`` / ``marked_i``; causal: all their past).
+- random:   with ``random_blocks = r``, key ``j`` visible too iff its block ``d_j // s`` is
+  among the ``r`` drawn for the query's ``d_i // s`` (BigBird; ``s = block_size``, the drawn
+  ``table``: random_blocks.py; causal: earlier blocks only).
 
 Two builders apply these rules: a dense one over all ``Tq × Tk`` pairs
 (:func:`self_visibility`), and a banded one for local layers (:func:`banded_visibility`), which
@@ -59,11 +63,13 @@ Shapes: B batch, H heads, Tq queries, Tk keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from blocklab.model import random_blocks
 
 if TYPE_CHECKING:
     from blocklab.model.softmax_options import SoftmaxOptions
@@ -118,14 +124,18 @@ class Pattern:
     sinks: int = 0  # first real tokens of each document always visible
     chunk: int | None = None  # tokens per chunk of a document (instead of a window)
     global_tokens: int = 0  # first real tokens of each document that see and are seen by all
+    random_blocks: int = 0  # BigBird: random key blocks per query block of a document
+    block_size: int = 16  # tokens per random block
+    draw: tuple[int, int] = (0, 0)  # (pattern_seed, layer): which draw the table holds
+    marked: bool = False  # tokens marked by id (global_token_id) are global too
+    table: Tensor | None = field(default=None, compare=False, hash=False, repr=False)
 
     def reach(self, *, causal: bool) -> int:
-        """Keys the window or chunk reaches on one side: ``window - 1`` back (causal) or
-        ``(window - 1) // 2`` each way (bidirectional); a chunk ``c``: ``c - 1`` either way."""
+        """Keys the window or chunk reaches on one side (:func:`band_reach`)."""
         if self.chunk is not None:
             return self.chunk - 1
         assert self.window is not None
-        return self.window - 1 if causal else (self.window - 1) // 2
+        return band_reach(self.window, causal=causal)
 
     @property
     def kept(self) -> int:
@@ -137,19 +147,32 @@ class Pattern:
         return self.chunk - 1 if self.chunk is not None else self.window - 1  # type: ignore
 
 
+def band_reach(window: int | Pattern, *, causal: bool) -> int:
+    """Keys a local query reaches on one side: ``window - 1`` back (causal) or
+    ``(window - 1) // 2`` each way (bidirectional); a chunk ``c``: ``c - 1`` either way. The
+    blocked layout of these rules (bands.py) makes its blocks at least this long."""
+    if isinstance(window, Pattern):
+        return window.reach(causal=causal)
+    return window - 1 if causal else (window - 1) // 2
+
+
 def layer_pattern(attention: SoftmaxOptions, layer: int) -> int | Pattern | None:
     """What layer ``layer`` sees: None (global), its window (a bare window, as
     :func:`layer_window`), or a :class:`Pattern` (sinks, chunks). Local layers are those the
     window pattern leaves local (``global_every``, ``layers``), with a window or a chunk."""
     a = attention
     chunk, g = a.attention_chunk, a.global_tokens
+    r = {"random_blocks": a.random_blocks, "block_size": a.block_size,
+         "draw": (a.pattern_seed, layer)} if a.random_blocks else {}
+    if a.global_token_id is not None:
+        r["marked"] = True
     if chunk is None:
         w = layer_window(a, layer)
-        if w is None or not (a.sinks or g):
+        if w is None or not (a.sinks or g or r):
             return w
-        return Pattern(window=w, sinks=a.sinks, global_tokens=g)
+        return Pattern(window=w, sinks=a.sinks, global_tokens=g, **r)
     if local_layer(a, layer):
-        return Pattern(sinks=a.sinks, chunk=chunk, global_tokens=g)
+        return Pattern(sinks=a.sinks, chunk=chunk, global_tokens=g, **r)
     return None
 
 
@@ -192,8 +215,8 @@ def token_order(valid: Tensor | None, batch: int, length: int,
 
 
 def window_allowed(q_order: Tensor, k_order: Tensor, window: int | Pattern | None, *,
-                   causal: bool, q_doc: Tensor | None = None,
-                   k_doc: Tensor | None = None) -> Tensor:
+                   causal: bool, q_doc: Tensor | None = None, k_doc: Tensor | None = None,
+                   q_marked: Tensor | None = None, k_marked: Tensor | None = None) -> Tensor:
     """(B, 1, Tq, Tk) bool: the window rule on token orders (see the module docstring); a
     causal rule without a window (None) is causality by order alone, ``o_j <= o_i``. A
     :class:`Pattern` adds its sink and chunk rules on the document orders ``q_doc`` /
@@ -214,6 +237,11 @@ def window_allowed(q_order: Tensor, k_order: Tensor, window: int | Pattern | Non
     g = window.global_tokens if isinstance(window, Pattern) else 0
     if g and near is not None:  # global tokens, as queries
         near = near | (qd[:, None, :, None] < g)
+    if isinstance(window, Pattern) and window.random_blocks and near is not None:
+        assert window.table is not None, "random blocks without their drawn table"
+        near = near | random_blocks.member(window.table, window.block_size, qd, kd)
+    if getattr(window, "marked", False) and near is not None and k_marked is not None:
+        near = near | k_marked[:, None, None, :].bool() | q_marked[:, None, :, None].bool()
     if not causal:
         return near
     return distance >= 0 if near is None else (distance >= 0) & near
@@ -233,6 +261,8 @@ def self_visibility(
     k_order: Tensor | None = None,  # (B, Tk) int
     q_doc: Tensor | None = None,  # (B, Tq) int, document orders (a Pattern's rules)
     k_doc: Tensor | None = None,  # (B, Tk) int
+    q_marked: Tensor | None = None,  # (B, Tq) bool, marked global (a Pattern's ``marked``)
+    k_marked: Tensor | None = None,  # (B, Tk) bool
     device: torch.device | None = None,
 ) -> Visibility:
     """Visibility for self-attention of ``q_len`` new queries over ``k_len`` keys; with a
@@ -259,7 +289,7 @@ def self_visibility(
                 k_doc = q_doc = document_order(k_order, k_segments, key_valid)
         assert q_order is not None, "k_order without q_order"
         near = window_allowed(q_order, k_order, window, causal=causal, q_doc=q_doc,
-                              k_doc=k_doc)
+                              k_doc=k_doc, q_marked=q_marked, k_marked=k_marked)
         allowed = near if allowed is None else allowed & near
     elif causal:
         allowed = causal_allowed(q_len, k_len, device)[None, None]  # (1, 1, Tq, Tk)
@@ -364,4 +394,3 @@ def cross_visibility(source_valid: Tensor | None, q_segments: Tensor | None = No
         same = q_segments[:, None, :, None] == k_segments[:, None, None, :]  # (B, 1, Tq, S)
         allowed = same if allowed is None else allowed & same
     return EVERYTHING if allowed is None else Visibility(allowed=allowed, causal=False)
-

@@ -109,6 +109,7 @@ class Keys:
     valid: Tensor | None  # (B, Tk) bool; None = no padding
     order: Tensor | None = None  # (B, Tk): set, causality (and windows) go by token order
     q_order: Tensor | None = None  # (B, T) the new tokens' orders (with ``order``)
+    marked: Tensor | None = None  # (B, Tk) bool: keys marked global (``global_token_id``)
 
 
 @dataclass
@@ -122,6 +123,7 @@ class Sequence:
     position: Position  # the stack's position scheme (score biases)
     rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) of the rotary scheme
     cache: DecodeCache | None = None  # decoding: shared token bookkeeping + layer states
+    marked: Tensor | None = None  # (B, T) bool: tokens of softmax's global_token_id
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -165,12 +167,14 @@ class Sequence:
         if keys is None:
             return masks.self_visibility(
                 **common, k_len=t, key_valid=self.valid, q_segments=self.segments,
-                k_segments=self.segments, window=window,
+                k_segments=self.segments, window=window, q_marked=self.marked,
+                k_marked=self.marked,
                 bias=self.position.score_bias(self.positions, self.positions))
         return masks.self_visibility(
             **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
             bias=self.position.score_bias(self.positions, keys.positions), window=window,
-            q_order=keys.q_order, k_order=keys.order)
+            q_order=keys.q_order, k_order=keys.order, q_marked=self.marked,
+            k_marked=keys.marked)
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """``make()``, built once per forward under ``key`` and shared by every layer (the

@@ -37,6 +37,14 @@ class SoftmaxOptions:
     # local layers: the first n real tokens of each document see and are seen by every token
     # of it (Longformer's global attention; causal: their past only)
     global_tokens: int = 0
+    # local layers: each query block of block_size tokens of a document also sees this many
+    # key blocks of it drawn from pattern_seed and the layer (BigBird; causal: earlier ones)
+    # local layers: every token of this id is global too (Longformer's marked tokens: a CLS or
+    # question token), as global_tokens are
+    global_token_id: int | None = None
+    random_blocks: int = 0
+    block_size: int = 16
+    pattern_seed: int = 0
     global_rope: bool = True  # false: the global layers of a local stack rotate nothing
     global_temperature: float = 0.0  # Llama 4's attn_scale on those no-rotary global layers
     temperature_floor: int = 8192  # Llama 4's floor_scale
@@ -44,6 +52,35 @@ class SoftmaxOptions:
 
 def softmax_options(m: ModelConfig) -> SoftmaxOptions:
     return m.mixer.read(SoftmaxOptions)
+
+
+def summary_rows(opts: SoftmaxOptions) -> list[tuple[str, str]]:
+    """What the estimator's table shows for these options (``SoftmaxAttention.summary_rows``)."""
+    rows = [("attention sink", "learned logit per head")] if opts.learned_sink else []
+    if opts.window is None and opts.attention_chunk is None:
+        return rows
+    g, kinds = opts.global_every, opts.layers
+    pattern = "every softmax layer local" if not g else f"layers {g}, {2 * g}, ... global"
+    if kinds:  # an explicit pattern, repeated over the layers
+        pattern = f"per layer: {', '.join(kinds)}"
+    if opts.attention_chunk is not None:
+        rows.append(("attention chunk", f"{opts.attention_chunk} tokens ({pattern})"))
+    else:
+        rows.append(("attention window", f"{opts.window} tokens ({pattern})"))
+    if opts.sinks:
+        rows.append(("attention sinks", f"first {opts.sinks} tokens of each document"))
+    if opts.global_tokens:
+        rows.append(("global tokens", f"first {opts.global_tokens} tokens of each document"))
+    if opts.global_token_id is not None:
+        rows.append(("marked global tokens", f"every token of id {opts.global_token_id}"))
+    if opts.random_blocks:
+        rows.append(("random blocks", f"{opts.random_blocks} of {opts.block_size} tokens "
+                     f"per query block (seed {opts.pattern_seed})"))
+    if not opts.global_rope:
+        t = opts.global_temperature
+        rows.append(("global layers", "no rotary angles" + (
+            f", temperature {t} per {opts.temperature_floor} tokens" if t else "")))
+    return rows
 
 
 def check_values(opts: SoftmaxOptions, key: str) -> None:
@@ -95,6 +132,20 @@ def check_patterns(opts: SoftmaxOptions, key: str) -> None:
             f"needs {key}.window or {key}.attention_chunk: a global layer already sees "
             "every token")
     local = w is not None or chunk is not None
+    tid = opts.global_token_id
+    require(tid is None or (isinstance(tid, int) and tid >= 0), f"{key}.global_token_id", tid,
+            "must be null (no marked tokens) or a token id >= 0")
+    require(tid is None or local, f"{key}.global_token_id", tid, f"needs {key}.window or "
+            f"{key}.attention_chunk: a global layer already sees every token")
+    r, s = opts.random_blocks, opts.block_size
+    require(isinstance(r, int) and r >= 0, f"{key}.random_blocks", r,
+            "must be an integer >= 0 (random key blocks per query block)")
+    require(r == 0 or local, f"{key}.random_blocks", r, f"needs {key}.window or "
+            f"{key}.attention_chunk: a global layer already sees every block")
+    require(isinstance(s, int) and s >= 1, f"{key}.block_size", s,
+            "must be an integer >= 1 (tokens per random block)")
+    require(isinstance(opts.pattern_seed, int), f"{key}.pattern_seed", opts.pattern_seed,
+            "must be an integer (the seed of the random blocks' draw)")
     require(opts.global_rope or local, f"{key}.global_rope", opts.global_rope,
             f"false needs {key}.window or {key}.attention_chunk (the global layers of a "
             "local stack drop rotary angles)")
@@ -112,6 +163,9 @@ def check_window(m: ModelConfig, opts: SoftmaxOptions, *, causal: bool, key: str
     a pattern that leaves a layer global and no entry unread."""
     from blocklab.registry import lookup
 
+    tid = opts.global_token_id
+    require(tid is None or tid < m.vocab_size, f"{key}.global_token_id", tid,
+            f"must be a token id < model.vocab_size={m.vocab_size}")
     w = opts.window
     require(w is None or causal or w % 2 == 1, f"{key}.window", w,
             f"must be odd for family {m.family.name!r}: a bidirectional stack sees "

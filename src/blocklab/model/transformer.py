@@ -88,8 +88,9 @@ class Stack(nn.Module):
     def forward(self, x: Tensor, *, positions: Tensor, valid: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecodeCache | None = None,
                 memory: Tensor | None = None, memory_valid: Tensor | None = None,
-                memory_segments: Tensor | None = None) -> Tensor:
-        """x: (B, T, d) token embeddings -> (B, T, d) hidden states."""
+                memory_segments: Tensor | None = None, marked: Tensor | None = None) -> Tensor:
+        """x: (B, T, d) token embeddings -> (B, T, d) hidden states; ``marked`` (B, T) bool:
+        the tokens of ``model.mixer.global_token_id`` (:meth:`Model.marks`)."""
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
         if cache is not None:
             if segments is not None:
@@ -101,7 +102,7 @@ class Stack(nn.Module):
             cache.begin(positions, valid)
         seq = Sequence(positions=positions, valid=valid, segments=segments, causal=self.causal,
                        position=self.position, rotary=self.position.rotary(positions),
-                       cache=cache)
+                       cache=cache, marked=marked)
         ctx = Context(seq=seq, memory=memory, cross_visibility=masks.cross_visibility(
             memory_valid, segments, memory_segments) if memory is not None else None)
         for block in self.blocks:
@@ -126,6 +127,13 @@ class Model(nn.Module):
         self.embed = nn.Embedding(m.vocab_size, m.d_model)
         # token-type ("segment A/B") embeddings, BERT; type 0 when the caller gives none
         self.token_type = nn.Embedding(m.type_vocab_size, m.d_model) if m.type_vocab_size else None
+        #: softmax's global_token_id: tokens with this id are global (Longformer's marked ones)
+        self.global_token_id = m.mixer.get("global_token_id")
+
+    def marks(self, ids: Tensor) -> Tensor | None:
+        """(B, T) bool: the tokens marked global by id (None without ``global_token_id``),
+        computed once per forward for every softmax layer of the stack."""
+        return None if self.global_token_id is None else ids == self.global_token_id
 
     def embed_tokens(self, ids: Tensor, token_types: Tensor | None = None) -> Tensor:
         """(B, T) ids -> (B, T, d): token embeddings plus token-type embeddings when the model
@@ -212,7 +220,8 @@ class DecoderModel(Model):
         if positions is None:
             positions = default_positions(input_ids, valid, segments, cache)
         h = self.decoder(self.embed_tokens(input_ids, token_types), positions=positions,
-                         valid=valid, segments=segments, cache=cache)
+                         valid=valid, segments=segments, cache=cache,
+                         marked=self.marks(input_ids))
         return self.head(h if select is None else h[select])
 
     def prepare(self, *, source_ids: Tensor | None = None,
@@ -252,7 +261,7 @@ class EncoderModel(Model):
         if positions is None:
             positions = default_positions(input_ids, valid, segments)
         h = self.encoder(self.embed_tokens(input_ids, token_types), positions=positions,
-                         valid=valid, segments=segments)
+                         valid=valid, segments=segments, marked=self.marks(input_ids))
         return self.head(h if select is None else h[select])
 
     def new_cache(self, *a: object, **kw: object) -> DecodeCache:
@@ -287,7 +296,8 @@ class EncoderDecoderModel(Model):
         if source_positions is None:
             source_positions = default_positions(source_ids, source_valid, source_segments)
         return self.encoder(self.embed_tokens(source_ids), positions=source_positions,
-                            valid=source_valid, segments=source_segments)
+                            valid=source_valid, segments=source_segments,
+                            marked=self.marks(source_ids))
 
     def forward(self, source_ids: Tensor | None, target_ids: Tensor, *,
                 source_valid: Tensor | None = None, valid: Tensor | None = None,
@@ -309,7 +319,8 @@ class EncoderDecoderModel(Model):
             positions = default_positions(target_ids, valid, segments, cache)
         h = self.decoder(self.embed_tokens(target_ids), positions=positions, valid=valid,
                          segments=segments, cache=cache, memory=memory,
-                         memory_valid=source_valid, memory_segments=source_segments)
+                         memory_valid=source_valid, memory_segments=source_segments,
+                         marked=self.marks(target_ids))
         return self.head(h if select is None else h[select])
 
     @property

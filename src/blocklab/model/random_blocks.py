@@ -1,0 +1,77 @@
+"""BigBird's random blocks ("Big Bird: Transformers for Longer Sequences", arXiv 2007.14062)
+on a local layer (``model.mixer.random_blocks``, ``block_size``, ``pattern_seed``): each query
+block of a document also sees ``r`` key blocks of it drawn at random — causal: strictly earlier
+blocks only. The rule itself is masks.py's (:class:`~blocklab.model.masks.Pattern`, on document
+orders ``d``: key ``j`` visible to query ``i`` iff ``d_j // s`` is among the blocks drawn for
+``d_i // s``, ``s = block_size``); this module draws the blocks and lays them out for the
+blocked computation of bands.py.
+
+The draw: a table (M, r) of key-block indices, ``M = ceil(max_seq_len / s)`` query blocks,
+from a generator seeded with ``pattern_seed`` and the layer index, so every layer draws its
+own pattern and the same config draws the same one; the mixer keeps it as a buffer, so a
+checkpoint holds the pattern it was trained with. Row ``i``: ``min(r, i)`` distinct blocks of
+``[0, i)`` (causal) or ``r`` distinct blocks of ``[0, M)`` other than ``i`` (bidirectional; a
+block past the end of a shorter document holds no key); -1 marks no block. A query block past
+``M`` (a document longer than ``max_seq_len``) sees no random block.
+
+Shapes: B batch, Tq queries, Tk keys, M query blocks, r random blocks, nb band blocks of L
+queries, E = (L / s) · r · s random keys per band block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def draw(seed: int, layer: int, blocks: int, r: int, *, causal: bool) -> Tensor:
+    """(blocks, r) long: the random key blocks of each query block (the module docstring),
+    drawn on the CPU from ``seed`` and ``layer`` alone."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed * 1_000_003 + layer)
+    table = torch.full((blocks, r), -1, dtype=torch.long, device="cpu")
+    for i in range(blocks):
+        if causal:
+            pick = torch.randperm(i, generator=gen, device="cpu")[:r]
+        else:
+            pick = torch.randperm(blocks - 1, generator=gen, device="cpu")[:r]
+            pick = pick + (pick >= i).long()  # every block but the query's own
+        table[i, :pick.numel()] = pick
+    return table
+
+
+def drawn(table: Tensor, query_block: Tensor) -> Tensor:
+    """(..., r) the key blocks drawn for ``query_block`` (...); -1 past the table's rows."""
+    m = table.shape[0]
+    rows = table[query_block.clamp(0, m - 1)]
+    return torch.where((query_block < m)[..., None], rows, -1)
+
+
+def member(table: Tensor, block_size: int, q_doc: Tensor, k_doc: Tensor) -> Tensor:
+    """(B, 1, Tq, Tk) bool: key ``j``'s block of its document is among those drawn for query
+    ``i``'s (document orders ``q_doc`` (B, Tq), ``k_doc`` (B, Tk))."""
+    rows = drawn(table, q_doc // block_size)  # (B, Tq, r)
+    kb = k_doc // block_size
+    return (rows[:, :, None, :] == kb[:, None, :, None]).any(-1)[:, None]
+
+
+def band_keys(table: Tensor, block_size: int, *, length: int, block: int, causal: bool,
+              kept: int) -> tuple[Tensor, Tensor]:
+    """The random keys of every band block of rows of ``length = nb·L`` slots that hold one
+    document each, real tokens first (slot = document order): (nb, E) indices into the row
+    and (nb, E) ``fresh`` — a key neither in the band (which already holds it), nor among the
+    first ``kept`` tokens (the band's sink keys), nor listed before for another query block
+    of the same band block (the rule, not the listing, says which queries see it), nor past
+    the row. ``L`` is a multiple of ``block_size``."""
+    s, device = block_size, table.device
+    nb, per = length // block, block // s
+    qb = torch.arange(nb * per, device=device).view(nb, per)  # query blocks of each band block
+    kb = drawn(table, qb).reshape(nb, -1)  # (nb, per·r)
+    same = kb[:, :, None] == kb[:, None, :]
+    earlier = torch.ones_like(same[0]).tril(-1)
+    first = (kb >= 0) & ~(same & earlier).any(-1)
+    idx = kb[..., None] * s + torch.arange(s, device=device)  # (nb, per·r, s)
+    lo = ((torch.arange(nb, device=device) - 1) * block)[:, None, None]  # the band's first
+    hi = lo + (2 if causal else 3) * block
+    fresh = first[..., None] & ((idx < lo) | (idx >= hi)) & (idx >= kept) & (idx < length)
+    return idx.reshape(nb, -1).clamp(0, length - 1), fresh.reshape(nb, -1)
