@@ -36,6 +36,10 @@ ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": N
                          "n_features": 64, "orthogonal": True, "redraw_every": 0,
                          "feature_seed": 0}
 
+#: data keys and task weights added since the hashes were recorded: left out at their defaults
+DATA_ADDED: dict[str, Any] = {"user_tasks": {}, "listops_gap": 0}
+TASKS_ADDED: dict[str, Any] = {"listops": 0.0}
+
 
 def renamed(key: str) -> str | None:
     """The key an old dotted key is now (``model.attention.window`` -> ``model.mixer.window``),
@@ -135,11 +139,15 @@ def legacy_layout(model: dict[str, Any]) -> dict[str, Any]:
 
 def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
     """A plain training config with its model in :func:`legacy_layout`, and without keys added
-    since that are at their empty default (``data.user_tasks: {}``): an unchanged run keeps
-    the config hash earlier versions recorded."""
+    since that are at their default (``data.user_tasks: {}``, ``data.listops_gap: 0``, a new
+    task's weight 0): an unchanged run keeps the config hash earlier versions recorded."""
     data = config.get("data")
-    if isinstance(data, dict) and not data.get("user_tasks", True):
-        config = {**config, "data": {k: v for k, v in data.items() if k != "user_tasks"}}
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if DATA_ADDED.get(k, ...) != v}
+        tasks = data.get("tasks")
+        if isinstance(tasks, dict):  # task weights added since, at 0
+            data["tasks"] = {k: v for k, v in tasks.items() if TASKS_ADDED.get(k, ...) != v}
+        config = {**config, "data": data}
     if not isinstance(config.get("model"), dict):
         return config
     return {**config, "model": legacy_layout(config["model"])}
