@@ -113,11 +113,16 @@ def sequence(case: Case, t: int):
                     causal=case.causal, position=pos)
 
 
+_MIN_BLOCK: list[int] = []  # attention.MIN_BLOCK as blocklab sets it
+
+
 def set_dense(dense: bool) -> None:
     """The dense-mask path (every local layer takes the T×T mask) or the blocked one."""
     from blocklab.model import attention
 
-    attention.MIN_BLOCK = 1 << 30 if dense else 32
+    if not _MIN_BLOCK:
+        _MIN_BLOCK.append(attention.MIN_BLOCK)
+    attention.MIN_BLOCK = 1 << 30 if dense else _MIN_BLOCK[0]
 
 
 def step_fn(case: Case, t: int, dense: bool) -> Callable[[], None]:

@@ -53,9 +53,10 @@ def test_quick_run_writes_every_row_with_finite_figures(tmp_path):
     for row in res["train"]:
         assert row["max_abs_diff"] < 1e-5, row  # blocked == dense mask, before any timing
         assert 0 < row["kept_of_t2"] <= row["kept_of_causal"] <= 1, row
+        # each path ran: the dense one scores all T² pairs, the blocked one fewer, and at
+        # least every kept pair (its band covers the pattern)
         assert row["scored_of_t2"]["dense"] == 1.0
-        # the blocked path scores at least every kept pair (its band covers the pattern)
-        assert row["kept_of_t2"] <= row["scored_of_t2"]["blocked"], row
+        assert row["kept_of_t2"] <= row["scored_of_t2"]["blocked"] < 1, row
         assert _positive(row["times"]["blocked"]) and _positive(row["times"]["dense"])
         assert len(row["speedup"]) == 2 and _positive(row["speedup"])
 
