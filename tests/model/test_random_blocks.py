@@ -271,3 +271,12 @@ def test_bad_random_blocks_fail_in_one_line(options, key, words):
         validate_model(tiny(DEC, mixer=MixerConfig(name="softmax", **options)))
     msg = str(err.value)
     assert "\n" not in msg and key in msg and words in msg, msg
+
+
+def test_first_listed_marks_the_first_of_each_value_as_a_pairwise_scan_does():
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randint(-1, 4, (50, 9), generator=gen)
+    got = random_blocks.first_listed(values)
+    for row, flags in zip(values.tolist(), got.tolist()):
+        assert flags == [v not in row[:i] for i, v in enumerate(row)]
+    assert not random_blocks.first_listed(torch.tensor([3, 3]))[1]  # a repeat is not first

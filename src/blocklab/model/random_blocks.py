@@ -55,6 +55,15 @@ def member(table: Tensor, block_size: int, q_doc: Tensor, k_doc: Tensor) -> Tens
     return (rows[:, :, None, :] == kb[:, None, :, None]).any(-1)[:, None]
 
 
+def first_listed(values: Tensor) -> Tensor:
+    """(..., n) bool: ``values[..., i]`` is the first of its equals along the last dim (a
+    stable sort puts equals in listing order; the first of each run is the one listed first)."""
+    ordered, order = values.sort(dim=-1, stable=True)
+    new = torch.ones_like(ordered, dtype=torch.bool)
+    new[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
+    return torch.empty_like(new).scatter_(-1, order, new)
+
+
 def band_keys(table: Tensor, block_size: int, *, length: int, block: int, causal: bool,
               kept: int) -> tuple[Tensor, Tensor]:
     """The random keys of every band block of rows of ``length = nb·L`` slots that hold one
@@ -67,9 +76,7 @@ def band_keys(table: Tensor, block_size: int, *, length: int, block: int, causal
     nb, per = length // block, block // s
     qb = torch.arange(nb * per, device=device).view(nb, per)  # query blocks of each band block
     kb = drawn(table, qb).reshape(nb, -1)  # (nb, per·r)
-    same = kb[:, :, None] == kb[:, None, :]
-    earlier = torch.ones_like(same[0]).tril(-1)
-    first = (kb >= 0) & ~(same & earlier).any(-1)
+    first = (kb >= 0) & first_listed(kb)
     idx = kb[..., None] * s + torch.arange(s, device=device)  # (nb, per·r, s)
     lo = ((torch.arange(nb, device=device) - 1) * block)[:, None, None]  # the band's first
     hi = lo + (2 if causal else 3) * block
