@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from blocklab.repro.experiments import (
+    chunked,
     extrapolation,
     listops,
     mqar,
@@ -53,4 +54,5 @@ EXPERIMENTS: dict[str, Callable[[str], Experiment]] = {
     "shakespeare_char": shakespeare_char.make,
     "recall_state": recall_state.make,
     "listops": listops.make,
+    "chunked": chunked.make,
 }
