@@ -27,6 +27,7 @@ from blocklab.repro.experiments import (
     recall_state,
     receptive_field,
     shakespeare_char,
+    sinks,
 )
 from blocklab.repro.protocol import Experiment
 
@@ -53,4 +54,5 @@ EXPERIMENTS: dict[str, Callable[[str], Experiment]] = {
     "shakespeare_char": shakespeare_char.make,
     "recall_state": recall_state.make,
     "listops": listops.make,
+    "sinks": sinks.make,
 }
