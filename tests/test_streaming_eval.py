@@ -80,7 +80,8 @@ def test_decode_keeps_what_the_options_say_and_a_bounded_state(options) -> None:
     got = st.decode_losses(_model(**options), ids)
     torch.testing.assert_close(got.losses, _full(_model(**options), ids), atol=1e-4, rtol=1e-4)
     model = _model(**options)
-    assert st.state_bytes(model, 10 * N) == st.state_bytes(model, 10) == got.state_bytes // 2 > 0  # 2 rows
+    one = got.state_bytes // 2  # 2 rows
+    assert st.state_bytes(model, 10 * N) == st.state_bytes(model, 10) == one > 0
     # negative control: the dense model's decode (nothing evicted) differs, its state grows
     dense = st.decode_losses(_model(), ids)
     assert not torch.allclose(dense.losses, got.losses, atol=1e-3)
