@@ -28,6 +28,7 @@ from blocklab.repro.experiments import (
     recall_state,
     receptive_field,
     shakespeare_char,
+    sinks,
 )
 from blocklab.repro.protocol import Experiment
 
@@ -55,4 +56,5 @@ EXPERIMENTS: dict[str, Callable[[str], Experiment]] = {
     "recall_state": recall_state.make,
     "listops": listops.make,
     "chunked": chunked.make,
+    "sinks": sinks.make,
 }
