@@ -140,3 +140,21 @@ def test_cache_overflow_is_an_error():
     cache = model.new_cache(1, 4)
     with pytest.raises(ValueError, match="capacity 4"):
         model(torch.zeros(1, 5, dtype=torch.long), positions=torch.arange(5)[None], cache=cache)
+
+
+@pytest.mark.parametrize("options", [{}, {"window": 4, "sinks": 2}, {"attention_chunk": 4}],
+                         ids=["dense", "sinks", "chunked"])
+def test_a_cache_refuses_packed_documents(options):
+    """A decode cache holds one document per row: a ring keeping a row's first tokens as sinks
+    would keep the first packed document's, not the current one's, so a packed prefill is
+    refused, not decoded wrongly; the same prefill unpacked is accepted."""
+    from blocklab.config import MixerConfig
+
+    model = build_model(tiny(mixer=MixerConfig(name="softmax", **options))).eval()
+    ids = torch.randint(0, VOCAB, (1, 8))
+    segments = torch.tensor([[1, 1, 1, 2, 2, 2, 2, 2]])
+    with torch.no_grad(), pytest.raises(ValueError, match="one document per row"):
+        model(ids, positions=torch.arange(8)[None], segments=segments, cache=model.new_cache(1, 9))
+    with torch.no_grad():  # unpacked: decoded, and equal to the full forward
+        out = model(ids, positions=torch.arange(8)[None], cache=model.new_cache(1, 9))
+    torch.testing.assert_close(out, model(ids))
