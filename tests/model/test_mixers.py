@@ -55,6 +55,13 @@ def _alone(model, ids, valid, src, r):
 
 @params(DEC, ED)
 def test_chunked_prefill_of_left_padded_rows_then_decoding_equals_each_row_alone(cfg):
+    assert _prefill_in_chunks_then_decode(cfg) == 6  # 3 rows, growing and static caches
+
+
+def _prefill_in_chunks_then_decode(cfg) -> int:
+    """Assert every row's chunked prefill and decode steps equal the row run alone; returns
+    the number of (row, cache kind) pairs compared."""
+    compared = 0
     model = build_model(cfg).eval()
     ids, valid, src = _batch(cfg, t=14)
     positions = torch.where(valid, valid.long().cumsum(-1) - 1, 0)
@@ -72,6 +79,8 @@ def test_chunked_prefill_of_left_padded_rows_then_decoding_equals_each_row_alone
         for r in range(3):
             torch.testing.assert_close(got[r, valid[r]], _alone(model, ids, valid, src, r)[0],
                                        atol=ATOL, rtol=0, msg=f"row {r}, static={static}")
+            compared += 1
+    return compared
 
 
 @params(DEC, ED)
@@ -111,6 +120,13 @@ def test_select_works_after_any_decode_step(cfg):
     ``max(rows) + 1`` (a decode step) raised IndexError — the write slots, one for all rows,
     were sliced by row. Prefill, one step, select rows [2, 0, 0, 1], continue: equal to
     recomputing each row, growing and static."""
+    assert _select_after_a_step(cfg) == 8  # 4 selected rows, growing and static caches
+
+
+def _select_after_a_step(cfg) -> int:
+    """Assert each selected row continues like recompute; returns the (row, cache kind) pairs
+    compared."""
+    compared = 0
     model = build_model(cfg).eval()
     ids, valid, src = _batch(cfg)
     positions = torch.where(valid, valid.long().cumsum(-1) - 1, 0)
@@ -134,6 +150,8 @@ def test_select_works_after_any_decode_step(cfg):
             seq = torch.cat((ids[r: r + 1, valid[r]], step[r: r + 1], cont[j: j + 1]), 1)
             torch.testing.assert_close(got[j], _full(model, seq, one)[0, -2:], atol=ATOL,
                                        rtol=0, msg=f"row {j} (prompt {r}), static={static}")
+            compared += 1
+    return compared
 
 
 #: every mixer with a short convolution, its option, and the tap counts it accepts
@@ -153,8 +171,8 @@ def test_every_accepted_short_convolution_decodes(mixer, option, taps):
     cfg = tiny(DEC, PositionConfig(name="none"),
                mixer=MixerConfig(name=mixer, **{option: taps}))
     validate_model(cfg)  # an accepted value
-    test_chunked_prefill_of_left_padded_rows_then_decoding_equals_each_row_alone(cfg)
-    test_select_works_after_any_decode_step(cfg)
+    assert _prefill_in_chunks_then_decode(cfg) == 6
+    assert _select_after_a_step(cfg) == 8
 
 
 @params(DEC, ED)
