@@ -231,8 +231,9 @@ def test_chunked_rows_of_one_document_take_blocks_aligned_with_the_chunks(causal
     begins at slot 0): blocks of whole chunks over their own block alone (K = L, plus the
     sink keys), equal to the dense mask and the per-query loop; packed rows whose documents
     begin off the chunk grid (slots 0-2, 3-12, 13-28; row 0 with 3 pads first, row 1 with
-    holes and a document from slot 9) take the window's layout and equal them too. Negative control: the aligned layout forced on those packed
-    rows leaves the dense result (a chunk of a misaligned document spans two blocks)."""
+    holes and a document from slot 9) take the window's layout and equal them too. Negative
+    control: the aligned layout forced on those packed rows leaves the dense result (a chunk
+    of a misaligned document spans two blocks)."""
     torch.manual_seed(11)
     attn, x, valid, _, seq = _case(causal, options)
     chunk, kept = options["attention_chunk"], max(options.get("sinks", 0),
@@ -241,7 +242,7 @@ def test_chunked_rows_of_one_document_take_blocks_aligned_with_the_chunks(causal
                                positions=default_positions(x, valid, None))
     segments = torch.zeros_like(valid, dtype=torch.long)
     segments[:, 3:], segments[:, 13:] = 1, 2  # documents of 3, 10 and 16 tokens
-    segments[0, :9], segments[1, 9:] = 0, 3  # row 0: 3 pads, 6, 4, 16; row 1: 3, 6, 20
+    segments[0, :9], segments[1, 9:] = 0, 3  # slots: row 0 3 pads, 6, 4, 16; row 1 3, 6, 20
     packed = dataclasses.replace(seq, segments=segments,
                                  positions=default_positions(x, valid, segments))
     rule = {"chunk": chunk, "sinks": options.get("sinks", 0), "causal": causal,
