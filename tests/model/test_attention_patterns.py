@@ -213,6 +213,67 @@ def test_blocked_global_queries_negative_control_is_caught(monkeypatch):
     assert torch.equal(same, sinks)
 
 
+def _keys_scored(monkeypatch) -> list[int]:
+    """The keys each SDPA call of the layer scores per query block (k.shape[2]), recorded."""
+    seen, real = [], attention._sdpa
+    monkeypatch.setattr(attention, "_sdpa", lambda lay, q, k, v, vis: (
+        seen.append(k.shape[2]), real(lay, q, k, v, vis))[1])
+    return seen
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("options", [
+    {"attention_chunk": 4}, {"attention_chunk": 5, "sinks": 2},
+    {"attention_chunk": 4, "global_tokens": 1, "sinks": 3}], ids=["c4", "c5-sinks2", "c4-g1-s3"])
+def test_chunked_rows_of_one_document_take_blocks_aligned_with_the_chunks(causal, options,
+                                                                         monkeypatch):
+    """Rows of one document each (left, right and inner padding: compacted, the document
+    begins at slot 0): blocks of whole chunks over their own block alone (K = L, plus the
+    sink keys), equal to the dense mask and the per-query loop; packed rows whose documents
+    begin off the chunk grid (slots 0-2, 3-12, 13-28; row 0 with 3 pads first, row 1 with
+    holes and a document from slot 9) take the window's layout and equal them too. Negative
+    control: the aligned layout forced on those packed rows leaves the dense result (a chunk
+    of a misaligned document spans two blocks)."""
+    torch.manual_seed(11)
+    attn, x, valid, _, seq = _case(causal, options)
+    chunk, kept = options["attention_chunk"], max(options.get("sinks", 0),
+                                                  options.get("global_tokens", 0))
+    rows = dataclasses.replace(seq, segments=None,
+                               positions=default_positions(x, valid, None))
+    segments = torch.zeros_like(valid, dtype=torch.long)
+    segments[:, 3:], segments[:, 13:] = 1, 2  # documents of 3, 10 and 16 tokens
+    segments[0, :9], segments[1, 9:] = 0, 3  # slots: row 0 3 pads, 6, 4, 16; row 1 3, 6, 20
+    packed = dataclasses.replace(seq, segments=segments,
+                                 positions=default_positions(x, valid, segments))
+    rule = {"chunk": chunk, "sinks": options.get("sinks", 0), "causal": causal,
+            "global_tokens": options.get("global_tokens", 0)}
+    with torch.no_grad():
+        monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)
+        dense_rows, dense_packed = _run(attn, x, rows), _run(attn, x, packed)
+        scored = _keys_scored(monkeypatch)
+        for block in (1, 6):
+            monkeypatch.setattr(attention, "MIN_BLOCK", block)
+            lay = attn.layout(packed=False)
+            assert (lay.back, lay.ahead, lay.block % chunk) == (0, 0, 0)
+            assert lay.block == chunk * -(-max(block, kept) // chunk)
+            assert 2 * attn.block < x.shape[1]  # the banded path
+            scored.clear()
+            got = _run(attn, x, rows)
+            assert scored[0] == lay.block + kept  # its own block and the sink keys
+            torch.testing.assert_close(got[valid], dense_rows[valid], atol=1e-5, rtol=0)
+            assert attn.layout(packed=True).back == 1
+            torch.testing.assert_close(_run(attn, x, packed)[valid], dense_packed[valid],
+                                       atol=1e-5, rtol=0)
+        want_rows = _naive(attn, x, valid, torch.zeros_like(segments), **rule)
+        want_packed = _naive(attn, x, valid, segments, **rule)
+        monkeypatch.setattr(attention.bands, "layout", lambda *a, **kw: attention.bands.Layout(
+            chunk * -(-max(6, kept) // chunk), 0, 0))  # aligned, packed or not
+        wrong = _run(attn, x, packed)
+    torch.testing.assert_close(dense_rows[valid], want_rows[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(dense_packed[valid], want_packed[valid], atol=1e-5, rtol=0)
+    assert not torch.allclose(wrong[valid], dense_packed[valid], atol=1e-3)
+
+
 def test_a_learned_sink_trains_and_absorbs_attention():
     """The sink logits get gradients (through the additive score column), a large logit
     draws the output towards zero (the sink's value), and padding queries stay finite."""

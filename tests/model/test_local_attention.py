@@ -17,7 +17,7 @@ import torch
 from variants import VOCAB, tiny
 
 from blocklab.config import ConfigError, MixerConfig, PositionConfig, validate_model
-from blocklab.model import attention, build_model, masks
+from blocklab.model import attention, bands, build_model, masks
 from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.estimate import estimate, table
 from blocklab.model.estimate import state_bytes as kv_cache_bytes
@@ -194,7 +194,8 @@ def test_banded_local_attention_equals_the_dense_mask_and_the_brute_force(
     torch.testing.assert_close(banded[valid], want[valid], atol=1e-5, rtol=0)
     if reach >= 2:  # negative control: a band of blocks shorter than the reach drops keys
         monkeypatch.setattr(attention, "MIN_BLOCK", 1)
-        monkeypatch.setattr(SoftmaxAttention, "block", property(lambda self: reach - 1))
+        monkeypatch.setattr(SoftmaxAttention, "layout", lambda self, packed: bands.Layout(
+            reach - 1, 1, 0 if causal else 1))
         with torch.no_grad():
             short = attn(x, dataclasses.replace(seq, _memo={}), None)
         assert not torch.allclose(short[valid], dense[valid], atol=1e-3)

@@ -32,6 +32,7 @@ CASES = [
     ("w3-r1-s2-sinks2", {"window": 3, "random_blocks": 1, "block_size": 2, "sinks": 2}),
     ("chunk4-r2-s4-global1", {"attention_chunk": 4, "random_blocks": 2, "block_size": 4,
                               "global_tokens": 1, "pattern_seed": 5}),
+    ("w9-r2-s2", {"window": 9, "random_blocks": 2, "block_size": 2}),  # bands of 5 blocks
 ]
 
 
@@ -143,7 +144,7 @@ def test_blocked_random_blocks_equal_the_dense_mask_and_a_per_query_loop(causal,
 
         def twice(table, size, **kw):
             idx, fresh = real(table, size, **kw)
-            kb = random_blocks.drawn(table, torch.arange(idx.shape[0] * kw["block"] // size))
+            kb = random_blocks.drawn(table, torch.arange(idx.shape[0] * kw["lay"].block // size))
             return idx, fresh | (kb.reshape(idx.shape[0], -1, 1) >= 0).expand(
                 -1, -1, size).reshape(fresh.shape) & (idx >= kw["kept"])
 
@@ -154,6 +155,38 @@ def test_blocked_random_blocks_equal_the_dense_mask_and_a_per_query_loop(causal,
     assert not dense.isnan().any()
     assert not torch.allclose(dropped[valid], dense[valid], atol=1e-3)
     assert not torch.allclose(doubled[valid], dense[valid], atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_each_query_block_scores_only_its_own_random_keys(causal, monkeypatch):
+    """Query blocks of one random block each (``L = block_size`` when it is at least
+    MIN_BLOCK) over as many neighbouring blocks as the window reaches: a query scores its
+    band, its sinks and the ``r · block_size`` keys drawn for its own block — not the
+    ``r · L`` of a longer band block — and the result is the dense mask's. The contrast:
+    query blocks of two random blocks (each query scores the keys drawn for both, as the
+    earlier layout did) equal it too, at twice the random keys."""
+    torch.manual_seed(12)
+    options = {"window": 9, "random_blocks": 2, "block_size": 4, "sinks": 1}
+    attn, x, valid, _, seqs = _case(causal, options)
+    seen, real = [], attention._sdpa
+    monkeypatch.setattr(attention, "_sdpa", lambda lay, q, k, v, vis: (
+        seen.append(k.shape[2]), real(lay, q, k, v, vis))[1])
+    with torch.no_grad():
+        monkeypatch.setattr(attention, "MIN_BLOCK", 10_000)
+        dense = _run(attn, x, seqs["rows"])
+        monkeypatch.setattr(attention, "MIN_BLOCK", 4)
+        lay = attn.layout(packed=False)
+        reach = 8 if causal else 4
+        assert lay.block == 4 and lay.back == reach // 4 and lay.ahead == (0 if causal else 1)
+        seen.clear()
+        got = _run(attn, x, seqs["rows"])
+        assert seen == [lay.width + 1 + 2 * 4]  # band, one sink key, r · block_size
+        monkeypatch.setattr(attention, "MIN_BLOCK", 8)  # blocks of two random blocks
+        seen.clear()
+        wide = _run(attn, x, seqs["rows"])
+        assert seen == [attn.layout(packed=False).width + 1 + 2 * 2 * 4]
+    torch.testing.assert_close(got[valid], dense[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(wide[valid], dense[valid], atol=1e-5, rtol=0)
 
 
 def test_the_draw_is_seeded_per_layer_and_causal_draws_reach_back_only():

@@ -191,19 +191,23 @@ class SoftmaxAttention(Mixer):
 
     @property
     def block(self) -> int:
+        """Queries per block of the blocked layout of rows of one document (bands.py)."""
+        return self.layout(packed=False).block
+
+    def layout(self, *, packed: bool) -> bands.Layout:
         assert self.window is not None
-        sinks = masks.unpack(self.window)[1]
-        block = max(masks.band_reach(self.window, causal=self.causal), MIN_BLOCK, sinks)
-        s = self.window.block_size if self.random else 1  # type: ignore[union-attr]
-        return -(-block // s) * s  # whole random blocks per query block
+        return bands.layout(self.window, causal=self.causal, min_block=MIN_BLOCK,
+                            packed=packed)
 
     def _banded(self, q: Tensor, k: Tensor, v: Tensor, seq: Sequence) -> Tensor:
         """Local attention in blocks over bands of keys: q (B, T, H, D), k and v (B, T, Hkv,
         D), token-major -> (B, T, H·D)."""
         qkv = torch.cat((q, k, v), 2)  # (B, T, H + 2·Hkv, D)
         b, t = qkv.shape[:2]
-        h, hkv, block = self.n_heads, self.n_kv_heads, self.block
+        h, hkv = self.n_heads, self.n_kv_heads
         positions, segments, valid = seq.positions, seq.segments, seq.valid
+        lay = self.layout(packed=segments is not None)
+        block = lay.block
         marked = seq.marked if self.marks else None
         rows = seqops.compact(seq)
         if valid is not None:  # real tokens first, so orders grow by one along the row
@@ -222,22 +226,15 @@ class SoftmaxAttention(Mixer):
             marked = None if marked is None else F.pad(marked, (0, pad), value=False)
         nb = tp // block
         ranks = torch.arange(tp, device=qkv.device).expand(b, tp)
-        kept = masks.unpack(self.window)[1]
-        extras = [] if not self.random else [random_blocks.band_keys(
-            self.random_table, self.window.block_size, length=tp, block=block,  # type: ignore
-            causal=self.causal, kept=kept)]
-        if marked is not None:  # marked keys, each once (not again as a random key)
-            marked = marked & real
-            extras = [(i, f & ~marked[:, i]) for i, f in extras] + [bands.marked_keys(
-                marked, masks.document_order(ranks, segments, real), block,
-                causal=self.causal, kept=kept)]
-        band = bands.Band.of(tp, block, causal=self.causal, sinks=kept, segments=segments,
-                             batch=b, device=qkv.device, extras=tuple(extras))
+        marked = None if marked is None else marked & real
+        band = bands.forward_band(self.window, lay, causal=self.causal, real=real,
+                                  segments=segments, marked=marked,
+                                  table=self.random_table if self.random else None)
         qb = positions.reshape(b * nb, block)
         kb = band.keys(positions)  # (B·nb, K + n)
-        vis = bands.banded_visibility(causal=self.causal, window=self.window, block=block,
+        vis = bands.banded_visibility(causal=self.causal, window=self.window, band=band,
                                       order=ranks, valid=real, segments=segments,
-                                      bias=seq.position.score_bias(qb, kb), band=band,
+                                      bias=seq.position.score_bias(qb, kb),
                                       marked=marked)
         q = qkv[:, :, :h].reshape(b * nb, block, h, -1).transpose(1, 2)  # (B·nb, H, L, D)
         kv = band.keys(qkv[:, :, h:]).transpose(1, 2)  # (B·nb, 2Hkv, K + n, D)

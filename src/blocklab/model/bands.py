@@ -1,25 +1,36 @@
 """The blocked layout of masks.py's rules for local layers: blocks of ``L`` queries, each over
-the keys of its *band* (the previous and its own block of keys; encoders also the next) and,
-with attention sinks, the first ``n`` tokens of the one document that can begin before the
-band, and with BigBird's random blocks each block's drawn keys (random_blocks.py). Every key
-of a query's window, chunk, sinks or random blocks is in its band or its extras, and each key
-appears once, so a local layer costs time and memory proportional to ``T · (L + n)`` instead of
-``T²``. Which of those keys a query sees is then decided by the same predicates as the dense
-mask (:func:`~blocklab.model.masks.self_visibility`, applied here per band).
+the keys of its *band* (its own block of keys and the ``back`` blocks before it; encoders also
+the ``ahead`` blocks after it: :class:`Layout`) and, with attention sinks, the first ``n``
+tokens of the one document that can begin before the band, and with BigBird's random blocks
+each block's drawn keys (random_blocks.py). Every key of a query's window, chunk, sinks or
+random blocks is in its band or its extras, and each key appears once, so a local layer costs
+time and memory proportional to ``T · (K + n)`` instead of ``T²``. Which of those keys a query
+sees is then decided by the same predicates as the dense mask
+(:func:`~blocklab.model.masks.self_visibility`, applied here per band).
 
-Shapes: B batch, nb blocks of L queries, K keys of a band (2L causal, 3L bidirectional), n
-sinks.
+The layouts (:func:`layout`): a window — blocks of ``L >= reach`` queries over the previous
+and their own block (``K = 2L``; encoders ``3L``); a chunked layer whose rows hold one
+document each — blocks of whole chunks aligned with them (compacted rows start their one
+document at slot 0), over their own block alone (``K = L``, a multiple of the chunk, so a
+chunk ``c`` scores about ``c / T`` of the pairs); packed chunked rows, whose documents begin
+anywhere, the window's layout with ``reach = c - 1``; random blocks — blocks of whole random
+blocks (``L`` a multiple of ``block_size``, at least ``MIN_BLOCK``) over as many earlier
+(and later) blocks as the reach needs, so each query scores the drawn keys of its own query
+block only (``r · L`` keys, ``r · block_size`` for ``L = block_size``).
+
+Shapes: B batch, nb blocks of L queries, K keys of a band ((back + 1 + ahead) · L), n sinks.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from blocklab.model import masks
+from blocklab.model import masks, random_blocks
 
 if TYPE_CHECKING:
     from blocklab.model.position import Position
@@ -28,19 +39,61 @@ if TYPE_CHECKING:
 FAR = -(1 << 30)
 
 
-def band_blocks(x: Tensor, block: int, *, causal: bool, fill: float | int | bool = 0) -> Tensor:
-    """(B, nb·L, ...) -> (B, nb, K, ...): for every block of ``L = block`` queries, the keys it
-    may reach — the previous block and its own (causal, ``K = 2L``), or the previous, its own
-    and the next (bidirectional, ``K = 3L``); blocks beyond the ends read ``fill``. With
-    ``L >= band_reach(window)`` every key within a query's window is in its band."""
+@dataclass(frozen=True)
+class Layout:
+    """Blocks of ``block`` queries, each over its own block of keys, the ``back`` blocks
+    before it and the ``ahead`` blocks after it (its band)."""
+
+    block: int
+    back: int = 1
+    ahead: int = 0
+
+    @property
+    def width(self) -> int:
+        """K: the keys of a band."""
+        return (self.back + 1 + self.ahead) * self.block
+
+    def bounds(self, nb: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+        """(nb,) each band's first key and (nb,) the key after its last (row slots; beyond
+        the row's ends where the band is)."""
+        first = (torch.arange(nb, device=device) - self.back) * self.block
+        return first, first + self.width
+
+
+def layout(window: int | masks.Pattern, *, causal: bool, min_block: int,
+           packed: bool) -> Layout:
+    """The blocked layout of a local layer's rule (the module docstring): ``packed`` rows
+    hold several documents (their chunks then begin anywhere in the compacted row)."""
+    reach = masks.band_reach(window, causal=causal)
+    pattern = window if isinstance(window, masks.Pattern) else masks.Pattern(window=window)
+    base = max(min_block, pattern.kept)
+    s = pattern.block_size if pattern.random_blocks else 1
+    if pattern.chunk is not None and not packed:  # whole chunks, aligned: own block only
+        unit = math.lcm(pattern.chunk, s)
+        block = -(-base // unit) * unit
+        if block < 2 * max(reach, base):  # cheaper than the window's layout
+            return Layout(block, 0, 0)
+    if s > 1:  # whole random blocks; as many neighbouring blocks as the reach needs
+        block = -(-base // s) * s
+        back = max(1, -(-reach // block))
+        return Layout(block, back, 0 if causal else back)
+    return Layout(max(reach, base), 1, 0 if causal else 1)
+
+
+def band_blocks(x: Tensor, lay: Layout, fill: float | int | bool = 0) -> Tensor:
+    """(B, nb·L, ...) -> (B, nb, K, ...): for every block of ``L`` queries, the keys it may
+    reach — the ``back`` blocks before it, its own, the ``ahead`` blocks after it; blocks
+    beyond the ends read ``fill``. With :func:`layout`'s blocks every key within a query's
+    window (or chunk) is in its band."""
     b, t = x.shape[:2]
-    nb = t // block
-    blocks = x.reshape(b, nb, block, *x.shape[2:])  # (B, nb, L, ...)
+    nb = t // lay.block
+    blocks = x.reshape(b, nb, lay.block, *x.shape[2:])  # (B, nb, L, ...)
+    if not lay.back and not lay.ahead:
+        return blocks
     edge = torch.full_like(blocks[:, :1], fill)
-    prev = torch.cat((edge, blocks[:, :-1]), 1)
-    parts = [prev, blocks]
-    if not causal:
-        parts.append(torch.cat((blocks[:, 1:], edge), 1))
+    padded = torch.cat((edge.expand(b, lay.back, *blocks.shape[2:]), blocks,
+                        edge.expand(b, lay.ahead, *blocks.shape[2:])), 1)
+    parts = [padded[:, j:j + nb] for j in range(lay.back + 1 + lay.ahead)]
     return torch.cat(parts, 2)  # (B, nb, K, ...)
 
 
@@ -53,13 +106,12 @@ class Band:
     inside the band has its sinks there). A sink key already inside the band is not
     ``fresh``: invalid here, so no key is counted twice."""
 
-    block: int
-    causal: bool
+    lay: Layout
     extra: Tensor | None = None  # (B, nb, n) indices of the sink keys into the row
     fresh: Tensor | None = None  # (B, nb, n) bool: the sink key lies before the band
 
     @staticmethod
-    def of(length: int, block: int, *, causal: bool, sinks: int = 0,
+    def of(length: int, lay: Layout, *, sinks: int = 0,
            segments: Tensor | None = None, batch: int = 1,
            device: torch.device | None = None,
            extras: tuple[tuple[Tensor, Tensor], ...] = ()) -> Band:
@@ -68,10 +120,10 @@ class Band:
         each block after the sink keys, (B|1, nb, E) indices and ``fresh`` (random blocks:
         random_blocks.py ``band_keys``; marked tokens: :func:`marked_keys`)."""
         if not sinks and not extras:
-            return Band(block, causal)
-        assert sinks <= block, "sinks beyond a block could begin outside the band"
-        nb = length // block
-        first = (torch.arange(nb, device=device) - 1) * block  # (nb,) each band's first key
+            return Band(lay)
+        assert sinks <= lay.block, "sinks beyond a block could begin outside the band"
+        nb = length // lay.block
+        first = lay.bounds(nb, device)[0]  # (nb,) each band's first key
         if segments is None:
             start = torch.zeros(batch, nb, dtype=torch.long, device=device)
         else:
@@ -86,12 +138,12 @@ class Band:
             b = max(extra.shape[0], idx.shape[0] if idx.dim() == 3 else 1)
             extra = torch.cat((extra.expand(b, -1, -1), idx.expand(b, -1, -1)), -1)
             fresh = torch.cat((fresh.expand(b, -1, -1), ok.expand(b, -1, -1)), -1)
-        return Band(block, causal, extra, fresh)
+        return Band(lay, extra, fresh)
 
     def keys(self, x: Tensor, fill: float | int | bool = 0) -> Tensor:
         """(B, nb·L, ...) -> (B·nb, K + n, ...): each query block's keys (band, then sinks,
         then random keys)."""
-        band = band_blocks(x, self.block, causal=self.causal, fill=fill)  # (B, nb, K, ...)
+        band = band_blocks(x, self.lay, fill)  # (B, nb, K, ...)
         b, nb = band.shape[:2]
         if self.extra is not None:
             n = self.extra.shape[-1]
@@ -110,33 +162,49 @@ class Band:
         return torch.cat((k[:, :-n], k[:, -n:] & self.fresh.reshape(-1, n)), 1)
 
 
-def marked_keys(marked: Tensor, doc: Tensor, block: int, *, causal: bool,
+def marked_keys(marked: Tensor, doc: Tensor, lay: Layout, *,
                 kept: int) -> tuple[Tensor, Tensor]:
     """The marked keys (``global_token_id``) of compacted rows (B, nb·L) as every block's
     extra keys: (B, nb, M) indices and ``fresh`` — a real marked key outside the band and not
     among the first ``kept`` of its document (the sink keys hold those). ``M``: the most
     marked tokens of a row, a count read from the data (one graph break under compile)."""
     b, t = marked.shape
-    nb = t // block
+    nb = t // lay.block
     count = int(marked.sum(-1).max())
     idx = torch.sort((~marked).to(torch.int8), dim=1, stable=True).indices[:, :count]
     ok = marked.gather(1, idx) & (doc.gather(1, idx) >= kept)  # (B, M)
-    lo = ((torch.arange(nb, device=marked.device) - 1) * block)[None, :, None]
-    hi = lo + (2 if causal else 3) * block
+    lo, hi = (z[None, :, None] for z in lay.bounds(nb, marked.device))
     pos = idx[:, None, :]
     return pos.expand(b, nb, count), ok[:, None, :] & ((pos < lo) | (pos >= hi))
+
+
+def forward_band(window: int | masks.Pattern, lay: Layout, *, causal: bool, real: Tensor,
+                 segments: Tensor | None, marked: Tensor | None,
+                 table: Tensor | None) -> Band:
+    """The :class:`Band` of one forward's compacted rows (B, nb·L) (``real``: their real
+    tokens): the sink keys (sinks and global tokens), BigBird's drawn keys (``table``:
+    random_blocks.py, rows of one document each) and the marked keys, each listed once."""
+    b, tp = real.shape
+    kept = masks.unpack(window)[1]
+    extras = [] if table is None else [random_blocks.band_keys(
+        table, window.block_size, length=tp, lay=lay, kept=kept)]  # type: ignore[union-attr]
+    if marked is not None:  # marked keys, each once (not again as a random key)
+        ranks = torch.arange(tp, device=real.device).expand(b, tp)
+        extras = [(i, f & ~marked[:, i]) for i, f in extras] + [marked_keys(
+            marked, masks.document_order(ranks, segments, real), lay, kept=kept)]
+    return Band.of(tp, lay, sinks=kept, segments=segments, batch=b, device=real.device,
+                   extras=tuple(extras))
 
 
 def banded_visibility(
     *,
     causal: bool,
     window: int | masks.Pattern,
-    block: int,
+    band: Band,  # the keys of each block
     order: Tensor,  # (B, nb·L) token orders, queries and keys alike (one forward, no cache)
     valid: Tensor,  # (B, nb·L) bool: a real token (blocks past the end are padding)
     segments: Tensor | None = None,  # (B, nb·L)
     bias: Tensor | None = None,  # (B·nb, H, L, K + n) score bias of the blocked layout
-    band: Band | None = None,  # the keys of each block (default: the band alone)
     marked: Tensor | None = None,  # (B, nb·L) bool: tokens marked global (global_token_id)
 ) -> masks.Visibility:
     """The window rule (or a :class:`~blocklab.model.masks.Pattern`'s), the padding rule and
@@ -145,8 +213,8 @@ def banded_visibility(
     must grow by one per real token along the row (real tokens contiguous: callers move
     padding to the end first), so the band holds the whole window."""
     b, t = order.shape
+    block = band.lay.block
     nb = t // block
-    band = band or Band(block, causal)
     q_order = order.reshape(b * nb, block)
     k_order = band.keys(order, FAR)
     k_valid = band.valid(valid)

@@ -47,9 +47,10 @@ has no packing), so padding and packing never move them:
 Two builders apply these rules: a dense one over all ``Tq × Tk`` pairs
 (:func:`self_visibility`), and a banded one for local layers (:func:`banded_visibility`), which
 applies the *same* predicates to the keys of a query's neighbouring blocks only, so a window
-costs time and memory proportional to ``T · window`` instead of ``T²`` (a chunk is a band
-of ``chunk - 1`` keys each way; sinks add the first ``n`` tokens of the one document that can
-begin before a band: :class:`Band`). Recurrent mixers
+costs time and memory proportional to ``T · window`` instead of ``T²`` (a chunk of rows of
+one document each: blocks of whole chunks over their own keys alone, ``T · chunk``; of packed
+rows, whose documents begin anywhere: a band of ``chunk - 1`` keys each way; sinks add the
+first ``n`` tokens of the one document that can begin before a band: bands.py). Recurrent mixers
 (linear attention, state spaces, convolutions) need no mask at all, only the facts the rules
 are made of: :func:`document_starts` (a packed document begins: the state restarts). A chunked
 recurrent mixer applies the same rules in chunks (:func:`chunk_visibility`): densely within a

@@ -14,14 +14,23 @@ checkpoint holds the pattern it was trained with. Row ``i``: ``min(r, i)`` disti
 block past the end of a shorter document holds no key); -1 marks no block. A query block past
 ``M`` (a document longer than ``max_seq_len``) sees no random block.
 
-Shapes: B batch, Tq queries, Tk keys, M query blocks, r random blocks, nb band blocks of L
-queries, E = (L / s) · r · s random keys per band block.
+The blocked computation (bands.py ``layout``) makes its query blocks of whole random blocks,
+``L = s`` where ``s >= MIN_BLOCK``, so each query scores the ``r · s`` keys drawn for its own
+random block (plus its band), not those drawn for its neighbours.
+
+Shapes: B batch, Tq queries, Tk keys, M query blocks, r random blocks, nb blocks of L queries,
+E = (L / s) · r · s random keys per query block.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from blocklab.model.bands import Layout
 
 
 def draw(seed: int, layer: int, blocks: int, r: int, *, causal: bool) -> Tensor:
@@ -64,21 +73,22 @@ def first_listed(values: Tensor) -> Tensor:
     return torch.empty_like(new).scatter_(-1, order, new)
 
 
-def band_keys(table: Tensor, block_size: int, *, length: int, block: int, causal: bool,
+def band_keys(table: Tensor, block_size: int, *, length: int, lay: Layout,
               kept: int) -> tuple[Tensor, Tensor]:
-    """The random keys of every band block of rows of ``length = nb·L`` slots that hold one
-    document each, real tokens first (slot = document order): (nb, E) indices into the row
-    and (nb, E) ``fresh`` — a key neither in the band (which already holds it), nor among the
-    first ``kept`` tokens (the band's sink keys), nor listed before for another query block
-    of the same band block (the rule, not the listing, says which queries see it), nor past
-    the row. ``L`` is a multiple of ``block_size``."""
+    """The random keys of every query block of rows of ``length = nb·L`` slots that hold one
+    document each, real tokens first (slot = document order), in the layout ``lay``
+    (bands.py; ``L = lay.block`` a multiple of ``block_size``): (nb, E) indices into the row
+    and (nb, E) ``fresh`` — a key neither in the block's band (which already holds it), nor
+    among the first ``kept`` tokens (the band's sink keys), nor listed before for another
+    random block of the same query block (the rule, not the listing, says which queries see
+    it), nor past the row. Every query of a block scores its ``E = (L / s) · r · s`` keys:
+    ``r · s`` for blocks of one random block (``L = s``)."""
     s, device = block_size, table.device
-    nb, per = length // block, block // s
-    qb = torch.arange(nb * per, device=device).view(nb, per)  # query blocks of each band block
+    nb, per = length // lay.block, lay.block // s
+    qb = torch.arange(nb * per, device=device).view(nb, per)  # random blocks of each block
     kb = drawn(table, qb).reshape(nb, -1)  # (nb, per·r)
     first = (kb >= 0) & first_listed(kb)
     idx = kb[..., None] * s + torch.arange(s, device=device)  # (nb, per·r, s)
-    lo = ((torch.arange(nb, device=device) - 1) * block)[:, None, None]  # the band's first
-    hi = lo + (2 if causal else 3) * block
+    lo, hi = (z[:, None, None] for z in lay.bounds(nb, device))  # the band of each block
     fresh = first[..., None] & ((idx < lo) | (idx >= hi)) & (idx >= kept) & (idx < length)
     return idx.reshape(nb, -1).clamp(0, length - 1), fresh.reshape(nb, -1)
