@@ -102,9 +102,10 @@ def test_the_blocked_path_is_taken_and_a_broken_band_is_caught(monkeypatch):
 
     real = bands.band_blocks
 
-    def no_previous_block(x, block, *, causal, fill=0):
-        out = real(x, block, causal=causal, fill=fill)
-        return torch.cat((torch.full_like(out[:, :, :block], fill), out[:, :, block:]), 2)
+    def no_previous_block(x, lay, fill=0):
+        out = real(x, lay, fill)
+        gone = lay.back * lay.block  # the earlier blocks of every band read as beyond the row
+        return torch.cat((torch.full_like(out[:, :, :gone], fill), out[:, :, gone:]), 2)
 
     monkeypatch.setattr(bands, "band_blocks", no_previous_block)
     with pytest.raises(AssertionError):
