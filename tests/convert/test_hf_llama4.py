@@ -57,6 +57,8 @@ CASES = {  # name -> (HF model, blocklab's chunked layers, its global layers' ro
     "no-temperature": (lambda: _llama4(attn_temperature_tuning=False),
                        [True, True, True, False], False),
     "every-layer-rotary": (lambda: _llama4(no_rope_layers=[1, 1, 1, 1]), [True] * 4, True),
+    "rotary-global-layer": (lambda: _llama4(no_rope_layers=[1, 1, 1, 1], layer_types=[
+        "chunked_attention"] * 3 + ["full_attention"]), [True, True, True, False], True),
     "llama3-rope": (lambda: _llama4(rope_parameters={
         "rope_type": "llama3", "rope_theta": 5000.0, "factor": 4.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
