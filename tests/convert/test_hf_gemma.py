@@ -53,7 +53,8 @@ CASES = {  # name -> (HF model, the windows blocklab must give its layers)
                                               tie_word_embeddings=False, attention_bias=True),
                               [None, WINDOW, WINDOW, None]),
     "head-dim-scale-exact-gelu": (lambda: _gemma2(query_pre_attn_scalar=8,
-                                                  hidden_activation="gelu"),
+                                                  hidden_activation="gelu",
+                                                  cache_implementation="hybrid"),
                                   [WINDOW, None] * 2),
 }
 

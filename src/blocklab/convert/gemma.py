@@ -70,6 +70,7 @@ class Gemma2(Arch):
         f.expect("use_bidirectional_attention", (None, False), "blocklab's Gemma 2 import is "
                  "the causal language model")
         f.take("hidden_act")  # Gemma 1's key: Hugging Face's Gemma 2 reads hidden_activation
+        f.take("cache_implementation")  # released configs' generation default ("hybrid")
         ffn = _gelu_ffn(f.take("hidden_activation", "gelu_pytorch_tanh"), f, "hidden_activation",
                         gated=True)
         n = f.take("num_hidden_layers", 26)
