@@ -40,6 +40,7 @@ ALLOWED = {
     # (a Llama is rope + softmax; GPT-2 a learned table); "linear" is also HF's rope scaling
     "convert/archs.py": {"softmax", "rope", "learned", "linear"},
     "convert/encoders.py": {"softmax", "learned", "t5_bias"},
+    "convert/gemma.py": {"softmax"},
     # a reference experiment's arms: the position schemes it compares, config values
     "repro/experiments/extrapolation.py": {"alibi", "learned", "sinusoidal"},
     # the reference experiments' deliberate breaks are mixers built on a built-in one
