@@ -43,6 +43,7 @@ ALLOWED = {
     "convert/gemma.py": {"softmax"},
     # a reference experiment's arms: the position schemes it compares, config values
     "repro/experiments/extrapolation.py": {"alibi", "learned", "sinusoidal"},
+    "repro/experiments/sinks.py": {"rope"},  # its model's scheme: the protocol says why
     # the reference experiments' deliberate breaks are mixers built on a built-in one
     "repro/experiments/recall_state.py": {"LinearAttention", "SelectiveSSM"},
     "repro/experiments/shakespeare_char.py": {"SoftmaxAttention"},

@@ -353,8 +353,9 @@ def _export(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def export_hf(cfg: DictConfig) -> None:
     """Export a checkpoint as a Hugging Face model directory:
-    ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=llama|gpt2|bert|t5]
-    [overwrite=true]``."""
+    ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=<name>]
+    [overwrite=true]``; ``arch`` one of ``blocklab.convert.ARCHITECTURES`` (llama, mistral,
+    qwen2, llama4, gemma2, gpt2, bert, t5), chosen from the model when left out."""
     _run(_export, cfg)
 
 
