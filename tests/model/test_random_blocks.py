@@ -1,9 +1,9 @@
 """BigBird's random blocks (``model.mixer.random_blocks``, ``block_size``, ``pattern_seed``;
 docs/mixers.md "Attention patterns") against independent references: a per-query loop in
 plain Python over the keys the rule allows (pattern_refs.py: document orders and the drawn
-table read by hand), the dense mask of masks.py, full recompute for decoding. Negative controls: the random keys
-dropped, a key listed for two query blocks of a band counted twice, a causal draw that reaches
-a future block (the future then changes the past) — each caught.
+table read by hand), the dense mask of masks.py, full recompute for decoding. Negative
+controls: the random keys dropped, a key listed for two query blocks of a band counted twice, a
+causal draw that reaches a future block (the future then changes the past) — each caught.
 
 The variant grid (variants.py ``PATTERNS``) adds random blocks to the family invariants
 (future, padding, packing), cache == recompute, the static cache, ``select`` and compile."""
