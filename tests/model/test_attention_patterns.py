@@ -1,9 +1,9 @@
 """Softmax attention patterns (``model.mixer.sinks``, ``learned_sink``, ``attention_chunk``,
 ``global_rope``, ``global_temperature``; docs/mixers.md "Attention patterns") against
 independent references: a per-query loop in plain Python over exactly the keys the rules allow
-(pattern_refs.py: document orders counted by hand), the dense mask of masks.py over all pairs, and full
-recompute for the decode states (a banded prefill followed by decoding far past the window or
-chunk). Each reference comes with negative controls — a pattern broken on purpose (sink keys
+(pattern_refs.py: document orders counted by hand), the dense mask of masks.py over all
+pairs, and full recompute for the decode states (a banded prefill followed by decoding far past
+the window or chunk). Each reference comes with negative controls — a pattern broken on purpose (sink keys
 dropped or counted twice, a chunk that sees the previous one, no sink logit) — that the test
 tells apart.
 
