@@ -359,16 +359,26 @@ def bench_plain(args) -> dict:
 SECTIONS = {"local": bench_local, "decode": bench_decode, "plain": bench_plain}
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=list(SECTIONS), action="append")
+def parse_args(doc: str, sections, argv: list[str] | None, *,
+               threads: int) -> argparse.Namespace:
+    """The bench scripts' command line (this one's and bench_patterns.py's): ``--only`` a
+    section of ``sections`` (repeatable), ``--reps``, ``--quick``, ``--threads`` (default
+    ``threads``, applied to torch here), ``--cpu-time``, ``--json``; the description is the
+    first paragraph of ``doc``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--only", choices=list(sections), action="append")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=threads)
     p.add_argument("--cpu-time", action="store_true", help="process CPU time (stabler under load)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(__doc__, SECTIONS, argv, threads=2)
     out = {name: SECTIONS[name](args) for name in (args.only or SECTIONS)}
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -41,7 +41,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import itertools
@@ -57,7 +56,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mixers import model_config, spread, timed_rounds
+from bench_mixers import model_config, parse_args, spread, timed_rounds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,15 +357,7 @@ def finite(x) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", choices=list(SECTIONS), action="append")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="tiny shapes, for a smoke run")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--cpu-time", action="store_true", help="process CPU time (stabler under load)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    args = parse_args(__doc__, SECTIONS, argv, threads=1)
     load = os.getloadavg()
     print(f"threads {args.threads}, clock {'CPU' if args.cpu_time else 'wall'}, "
           f"load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
