@@ -25,10 +25,11 @@ from blocklab.repro.protocol import SIZES, Arm, Experiment, Protocol, swap
 
 # (length, chunk, layers, width, distractor needles, steps, learning rate, held-out sequences per
 # placement) per size. The question (the key after SEP) is the second-to-last token, so its chunk
-# is the last; every earlier chunk is out of a chunked layer's reach.
+# is the last; every earlier chunk is out of a chunked layer's reach. quick is sized for CI (two
+# chunks; about 45 CPU-seconds for its three runs, its checks and both breaks, one thread).
 SETTINGS = {
-    "quick": {"length": 64, "chunk": 16, "layers": 2, "width": 64, "distractors": 0,
-              "steps": 400, "lr": 3e-3, "n": 256},
+    "quick": {"length": 32, "chunk": 16, "layers": 2, "width": 64, "distractors": 0,
+              "steps": 200, "lr": 3e-3, "n": 128},
     "full": {"length": 128, "chunk": 32, "layers": 2, "width": 64, "distractors": 0,
              "steps": 1000, "lr": 3e-3, "n": 512},
 }

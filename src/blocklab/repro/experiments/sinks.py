@@ -33,11 +33,17 @@ SINKS = "sinks + window"
 DENSE = "dense cache"
 POSITION = "rope"  # docs/reproductions.md, "sinks": why rotary, and what NoPE measured
 N_SINKS = 4  # StreamingLLM's 4 initial tokens
-LENGTH = 64  # L: the recipe's context (experiment=shakespeare_char)
 STREAM = 16  # the stream: 16 L tokens
-WINDOW_TOKENS = 32  # W: the cache's tokens (sinks + window; window-only and recomputed: W)
-# size -> (training steps, streams measured)
-SIZE = {"quick": (300, 4), "full": (2000, 32)}
+# size -> L (the training context; full: the recipe's, experiment=shakespeare_char), W (the
+# cache's tokens: sinks + window; window-only and recomputed: W = L / 2), training steps,
+# streams measured, and the model overrides on top of the recipe's (quick: a 2-layer d_model 64
+# model at L = 32, sized for CI: about 40 CPU-seconds in all, one thread)
+SETTINGS = {
+    "quick": {"length": 32, "window": 16, "steps": 500, "streams": 2,
+              "model": ("model.n_layers=2", "model.d_model=64", "model.d_ff=256",
+                        "model.max_seq_len=32", "data.seq_len=32")},
+    "full": {"length": 64, "window": 32, "steps": 2000, "streams": 32, "model": ()},
+}
 RATIO = "late NLL / recomputed"  # mean NLL over the stream's second half, over the recomputed
 SINKS_RATIO_MAX = 1.05  # sinks + window: within 5% of the recomputed window
 DENSE_RATIO_MIN = 1.1  # the dense cache past L (rotary angles never trained): 10% above it
@@ -46,12 +52,13 @@ BINS = 8  # NLL and decode time reported in bins of 2L positions
 
 
 def _protocol(size: str) -> Protocol:
-    steps, _ = SIZE[size]
+    s = SETTINGS[size]
+    steps = s["steps"]
     base = ("experiment=shakespeare_char", f"model/position={POSITION}",
             f"trainer.max_steps={steps}",
             f"trainer.val_every_steps={min(steps, 500)}",
-            f"trainer.ckpt_every_steps={min(steps, 500)}")
-    w = WINDOW_TOKENS
+            f"trainer.ckpt_every_steps={min(steps, 500)}", *s["model"])
+    w = s["window"]
     arms = (Arm(RECOMPUTE, base),
             Arm(WINDOW, base, (f"mixer.window={w}",)),
             Arm(SINKS, base, (f"mixer.window={w - N_SINKS}", f"mixer.sinks={N_SINKS}")),
@@ -84,25 +91,26 @@ def held_out_streams(run: tx.TextRun, count: int, tokens: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=4)
-def _recomputed(run_dir: str, count: int) -> torch.Tensor:
+def _recomputed(run_dir: str, count: int, length: int, window: int) -> torch.Tensor:
     run = tx.load_text(run_dir)
-    ids = held_out_streams(run, count, STREAM * LENGTH + 1)
-    return st.recompute_losses(run.model, ids, WINDOW_TOKENS)
+    ids = held_out_streams(run, count, STREAM * length + 1)
+    return st.recompute_losses(run.model, ids, window)
 
 
 def _measure_for(size: str):
-    _, count = SIZE[size]
-    width = STREAM * LENGTH // BINS
-    late = STREAM * LENGTH // 2
+    s = SETTINGS[size]
+    count, length = s["streams"], s["length"]
+    width = STREAM * length // BINS
+    late = STREAM * length // 2
 
     def measure(run_dir: Path, arm: Arm) -> dict[str, ms.Tally]:
         run = tx.load_text(run_dir)
-        reference = _recomputed(str(run_dir), count)
+        reference = _recomputed(str(run_dir), count, length, s["window"])
         if arm.name == RECOMPUTE:
             losses, seconds, model = reference, None, None
         else:
             model = _with(run, run_dir, arm.eval_model)
-            ids = held_out_streams(run, count, STREAM * LENGTH + 1)
+            ids = held_out_streams(run, count, STREAM * length + 1)
             got = st.decode_losses(model, ids)
             losses, seconds = got.losses, got.seconds
         out: dict[str, ms.Tally] = {}
@@ -115,8 +123,8 @@ def _measure_for(size: str):
         if seconds is not None:
             for k, v in enumerate(st.binned(seconds, width)):
                 out[f"ms/token {2 * k}L-{2 * k + 2}L"] = ms.Scalar(1e3 * v)
-            out[STATE] = ms.Scalar(st.state_bytes(model, STREAM * LENGTH)
-                                   / st.state_bytes(model, 2 * LENGTH))
+            out[STATE] = ms.Scalar(st.state_bytes(model, STREAM * length)
+                                   / st.state_bytes(model, 2 * length))
         return out
 
     return measure
@@ -128,7 +136,8 @@ def _unbounded(arms: tuple[Arm, ...]) -> tuple[Arm, ...]:
 
 
 def make(size: str) -> Experiment:
-    w = WINDOW_TOKENS
+    s, q, f = SETTINGS[size], SETTINGS["quick"], SETTINGS["full"]
+    w, n = s["window"], s["length"]
     return Experiment(
         name="sinks",
         title="Attention sinks: a bounded cache of sinks + window streams past the training "
@@ -139,10 +148,10 @@ def make(size: str) -> Experiment:
                    "window stay close to the sliding window with recomputation, window-only "
                    "eviction blows up once the first tokens leave the cache, and the "
                    "per-token decode cost stays flat."),
-        protocol=("One decoder trained with full attention at L = 64 on the Shakespeare "
+        protocol=(f"One decoder trained with full attention at L = {n} on the Shakespeare "
                   "plays (experiment=shakespeare_char's model and recipe with rotary positions: "
                   "model/position=rope), then, on the same weights, "
-                  f"{SIZE[size][1]} stretches of {STREAM} L = {STREAM * LENGTH} characters of "
+                  f"{s['streams']} stretches of {STREAM} L = {STREAM * n} characters of "
                   "the held-out text (evenly spaced over the validation plays, starting "
                   "mid-text as packed training windows do) scored token by token: "
                   f"'{RECOMPUTE}' (each token from a fresh forward over its previous {w} "
@@ -151,12 +160,15 @@ def make(size: str) -> Experiment:
                   f"{w} keys per query), '{DENSE}' (full attention, the cache grows). "
                   f"Expected: over the stream's second half (8 L-16 L), sinks + window within "
                   f"{SINKS_RATIO_MAX:g}x of the recomputed window's NLL, the dense cache at "
-                  f"least {DENSE_RATIO_MIN:g}x (window-only eviction reported), and both "
+                  f"least {DENSE_RATIO_MIN:g}x (window-only eviction reported, not checked: "
+                  "it did not degrade at this size), and both "
                   "caches' state the same at 16 L as at 2 L (bounded; the decode time per "
                   "token is reported in bins of 2 L, not checked: wall time is the "
-                  "machine's). quick: "
-                  f"{SIZE['quick'][0]} training steps; full: the recipe's {SIZE['full'][0]}, "
-                  "3 seeds. Differences from the paper: characters, not subwords; 4 layers "
+                  f"machine's). full: the recipe's {f['steps']} steps at L = {f['length']}, "
+                  f"W = {f['window']}, {f['streams']} streams, 3 seeds; quick (CI): "
+                  f"{' '.join(q['model'])}, W = {q['window']}, {q['steps']} steps, "
+                  f"{q['streams']} streams. Differences from the paper: characters, not "
+                  "subwords; 4 layers "
                   "of d_model 128, not 7B-70B models; rotary angles at absolute positions (the "
                   "sinks' distances grow past L), where the paper re-assigns positions within "
                   "the cache; W = L / 2 (the paper: cache 1024 at a "
