@@ -92,6 +92,20 @@ def _max_diff(model, hf, ids, mask=None):
     return (got - want).abs().max().item()
 
 
+def _greedy_matches(model, hf, prompt, new: int = 10) -> None:
+    """Greedy decoding through blocklab's growing and fixed-shape caches gives HF's tokens
+    (``new`` tokens after ``prompt``: the tests' prompts and windows make it wrap the ring,
+    cross chunk boundaries and temperature steps)."""
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        mine = generate(model, prompt, max_new_tokens=new)
+        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                             do_sample=False, pad_token_id=0)[:, prompt.shape[1]:]
+        fixed = generate(model, prompt, max_new_tokens=new, static_cache=True)
+    assert torch.equal(mine, theirs), (mine, theirs)
+    assert torch.equal(fixed, theirs), (fixed, theirs)  # the fixed-shape cache too
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_window_import_matches_hf_logits_greedy_and_export_reloads(tmp_path, case):
     hf, src = _save(tmp_path, case)
@@ -107,15 +121,7 @@ def test_window_import_matches_hf_logits_greedy_and_export_reloads(tmp_path, cas
     mask[0, :5] = 0  # row 0 left-padded: the window counts real tokens, as HF's does here
     assert _max_diff(model, hf, ids, mask) <= TOL, case
 
-    hf.generation_config.eos_token_id = None
-    prompt = ids[:, :6]
-    with torch.no_grad():  # 6 + 10 tokens: the decode ring wraps past the window
-        mine = generate(model, prompt, max_new_tokens=10)
-        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10,
-                             do_sample=False, pad_token_id=0)[:, 6:]
-        fixed = generate(model, prompt, max_new_tokens=10, static_cache=True)
-    assert torch.equal(mine, theirs), (mine, theirs)
-    assert torch.equal(fixed, theirs), (fixed, theirs)  # the fixed-shape cache too
+    _greedy_matches(model, hf, ids[:, :6])  # 6 + 10 tokens: past the window / chunks
 
     out = export_model(target, tmp_path / "exported", log=lambda *_: None)
     arch = json.loads((out / "config.json").read_text())["architectures"][0]

@@ -93,6 +93,7 @@ class Llama(Arch):
     #: the HF config class's defaults for keys a config.json may leave out
     defaults: ClassVar[dict[str, Any]] = {"num_key_value_heads": None,
                                           "max_position_embeddings": 2048}
+    mlp: ClassVar[str] = "mlp"  # the HF name of a layer's feed-forward block
 
     def config_in(self, f: Fields, tensors: dict[str, Tensor]) -> dict[str, Any]:
         plain = self.core_in(f)
@@ -163,9 +164,10 @@ class Llama(Arch):
             out[b + "norms.1.weight"] = w.take(a + "post_attention_layernorm.weight")
             self.attn_in(w, m, a, b, out)
             for kind in (["weight", "bias"] if m.ffn.bias else ["weight"]):
-                out[b + f"ffn.gate_up.{kind}"] = w.cat(a + f"mlp.gate_proj.{kind}",
-                                                       a + f"mlp.up_proj.{kind}")
-                out[b + f"ffn.down.{kind}"] = w.take(a + f"mlp.down_proj.{kind}")
+                f = a + self.mlp
+                out[b + f"ffn.gate_up.{kind}"] = w.cat(f + f".gate_proj.{kind}",
+                                                       f + f".up_proj.{kind}")
+                out[b + f"ffn.down.{kind}"] = w.take(f + f".down_proj.{kind}")
         out["decoder.final_norm.weight"] = w.take(f"{p}norm.weight")
         _head_in(w, m, out, "lm_head.weight")
         return out
@@ -179,8 +181,9 @@ class Llama(Arch):
             self.attn_out(s, m, a, b, out)
             for kind in (["weight", "bias"] if m.ffn.bias else ["weight"]):
                 gate, up = s[b + f"ffn.gate_up.{kind}"].chunk(2, dim=0)
-                out[a + f"mlp.gate_proj.{kind}"], out[a + f"mlp.up_proj.{kind}"] = gate, up
-                out[a + f"mlp.down_proj.{kind}"] = s[b + f"ffn.down.{kind}"]
+                f = a + self.mlp
+                out[f + f".gate_proj.{kind}"], out[f + f".up_proj.{kind}"] = gate, up
+                out[f + f".down_proj.{kind}"] = s[b + f"ffn.down.{kind}"]
         out["model.norm.weight"] = s["decoder.final_norm.weight"]
         if not m.tie_embeddings:
             out["lm_head.weight"] = s["head.proj.weight"]

@@ -41,7 +41,6 @@ import torch
 from torch import Tensor
 
 from blocklab.config import ModelConfig
-from blocklab.convert.arch_base import _head_in
 from blocklab.convert.archs import Llama
 from blocklab.convert.fields import Fields
 from blocklab.convert.gguf_file import unpermute_rotary_rows
@@ -67,6 +66,7 @@ class Llama4(Llama):
 
     name, model_types = "llama4", ("llama4_text",)
     hf_class = "Llama4ForCausalLM"
+    mlp: ClassVar[str] = "feed_forward"  # Llama 4's name of a layer's feed-forward block
     defaults: ClassVar[dict[str, Any]] = {  # Llama4TextConfig's
         "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32}
 
@@ -158,22 +158,3 @@ class Llama4(Llama):
             for x, heads in (("q", m.n_heads), ("k", m.kv_heads)):
                 key = a + f"self_attn.{x}_proj.{kind}"
                 out[key] = permute_rotary_rows(out[key], heads)
-
-    def weights_in(self, w: Weights, m: ModelConfig) -> dict[str, Tensor]:
-        p = "model." if w.has("model.embed_tokens.weight") else ""
-        out = {"embed.weight": w.take(f"{p}embed_tokens.weight")}
-        for i in range(m.n_layers):
-            a, b = f"{p}layers.{i}.", f"decoder.blocks.{i}."
-            out[b + "norms.0.weight"] = w.take(a + "input_layernorm.weight")
-            out[b + "norms.1.weight"] = w.take(a + "post_attention_layernorm.weight")
-            self.attn_in(w, m, a, b, out)
-            out[b + "ffn.gate_up.weight"] = w.cat(a + "feed_forward.gate_proj.weight",
-                                                  a + "feed_forward.up_proj.weight")
-            out[b + "ffn.down.weight"] = w.take(a + "feed_forward.down_proj.weight")
-        out["decoder.final_norm.weight"] = w.take(f"{p}norm.weight")
-        _head_in(w, m, out, "lm_head.weight")
-        return out
-
-    def weights_out(self, s: dict[str, Tensor], m: ModelConfig) -> dict[str, Tensor]:
-        return {k.replace(".mlp.", ".feed_forward."): v
-                for k, v in super().weights_out(s, m).items()}
