@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pattern_refs import case, decoded, keys_scored, naive, refused_in_one_line, run, tiny_model
+from pattern_refs import case, decoded, keys_scored, naive, refusal, run, tiny_model
 from variants import VOCAB
 
 from blocklab.model import attention, random_blocks
@@ -199,7 +199,8 @@ def test_a_causal_draw_from_the_future_is_caught_and_masked_anyway(monkeypatch):
      "integer >= 1"),
 ])
 def test_bad_random_blocks_fail_in_one_line(options, key, words):
-    refused_in_one_line(options, key, words)
+    msg = refusal(options)
+    assert key in msg and words in msg, msg
 
 
 def test_first_listed_marks_the_first_of_each_value_as_a_pairwise_scan_does():
