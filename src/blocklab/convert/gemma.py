@@ -35,7 +35,13 @@ from blocklab.convert.arch_base import Arch, _attention_name, _gelu_ffn
 from blocklab.convert.archs import Llama, _rope_in, _rope_out
 from blocklab.convert.fields import Fields
 from blocklab.convert.weights import Weights
-from blocklab.convert.windows import FULL, SLIDING, layer_types_out, pattern_in
+from blocklab.convert.windows import (
+    FULL,
+    SLIDING,
+    layer_types_in,
+    layer_types_out,
+    pattern_in,
+)
 from blocklab.errors import ConfigError
 from blocklab.model.softmax_options import softmax_options
 
@@ -75,11 +81,8 @@ class Gemma2(Arch):
                         gated=True)
         n = f.take("num_hidden_layers", 26)
         window = f.take_nullable("sliding_window", 4096)
-        types = list(f.take("layer_types") or [SLIDING if (i + 1) % 2 else FULL
-                                                for i in range(n)])
-        if len(types) != n or not set(types) <= {FULL, SLIDING}:
-            f.refuse("layer_types", types, f"must be {n} entries (num_hidden_layers), each "
-                     f"{FULL!r} or {SLIDING!r}")
+        types = layer_types_in(f, f.take("layer_types") or [SLIDING if (i + 1) % 2 else FULL
+                                                             for i in range(n)], n, SLIDING)
         if SLIDING in types and window is None:
             f.refuse("layer_types", types, "names sliding layers, but sliding_window is null")
         q = f.take("query_pre_attn_scalar", 256)

@@ -45,7 +45,7 @@ from blocklab.convert.archs import Llama
 from blocklab.convert.fields import Fields
 from blocklab.convert.gguf_file import unpermute_rotary_rows
 from blocklab.convert.weights import Weights
-from blocklab.convert.windows import FULL, SLIDING, pattern_in
+from blocklab.convert.windows import FULL, SLIDING, layer_types_in, pattern_in
 from blocklab.model.masks import local_layer
 from blocklab.model.softmax_options import softmax_options
 
@@ -106,10 +106,7 @@ class Llama4(Llama):
         chunk = f.take_nullable("attention_chunk_size", 8192)
         types = f.take("layer_types") or [CHUNKED if r and chunk is not None else FULL
                                           for r in rope]
-        types = list(types)
-        if len(types) != n or not set(types) <= {FULL, CHUNKED}:
-            f.refuse("layer_types", types, f"must be {n} entries (num_hidden_layers), each "
-                     f"{FULL!r} or {CHUNKED!r}")
+        types = layer_types_in(f, types, n, CHUNKED)
         if CHUNKED in types and chunk is None:
             f.refuse("layer_types", types, "names chunked layers, but attention_chunk_size is "
                      "null")

@@ -30,6 +30,16 @@ from blocklab.model.softmax_options import softmax_options
 FULL, SLIDING = "full_attention", "sliding_attention"  # HF's layer_types entries
 
 
+def layer_types_in(f: Fields, types: object, n: int, local: str) -> list[str]:
+    """HF's ``layer_types`` as a list, refused in one line unless it holds ``n`` entries
+    (``num_hidden_layers``), each full attention or the architecture's ``local`` kind."""
+    types = list(types)  # type: ignore[call-overload]
+    if len(types) != n or not set(types) <= {FULL, local}:
+        f.refuse("layer_types", types, f"must be {n} entries (num_hidden_layers), each "
+                 f"{FULL!r} or {local!r}")
+    return types
+
+
 def pattern_in(types: list[str], window: int | None) -> dict[str, Any]:
     """HF's per-layer types -> blocklab's window keys, in the shortest form that says it:
     ``window: null`` (no sliding layer), every layer local, ``global_every: n`` (layers n, 2n,
@@ -104,10 +114,7 @@ class Qwen2(Llama):
         types = f.take("layer_types")
         if types is None:  # Qwen2Config's rule: layers i >= max_window_layers slide
             types = [SLIDING if window is not None and i >= first else FULL for i in range(n)]
-        types = list(types)
-        if len(types) != n or not set(types) <= {FULL, SLIDING}:
-            f.refuse("layer_types", types, f"must be {n} entries (num_hidden_layers), each "
-                     f"{FULL!r} or {SLIDING!r}")
+        types = layer_types_in(f, types, n, SLIDING)
         if SLIDING in types and window is None:
             f.refuse("layer_types", types, "names sliding layers, but there is no window "
                      f"(use_sliding_window={use}, sliding_window="
