@@ -187,3 +187,127 @@ def test_local_attention_window_composes_from_the_command_line_and_is_checked():
         with pytest.raises(ConfigError) as err:
             model_config(_compose(*overrides).model)
         assert "\n" not in str(err.value) and words in str(err.value), str(err.value)
+
+
+# ------------------------------------------------- memory across segments (issue 45): data keys
+SEG = ["experiment=smoke", "trainer.progress_bar=false", "probes=none",
+       "checkpoint_probes.enabled=false"]
+#: the composed bases the rules are tried on (composing is slow: once each, then keys set)
+BASES = {"synthetic": [], "text": ["data=shakespeare", "tokenizer=char"],
+         "encoder": ["model=bert_tiny"], "learned": ["model/position=learned"]}
+
+
+@pytest.fixture(scope="module")
+def bases():
+    return {name: C.compose("train", [*SEG, *extra]) for name, extra in BASES.items()}
+
+
+def _train(bases, base: str = "synthetic", **keys):
+    import copy
+
+    from blocklab.train.run import to_train_config
+
+    cfg = copy.deepcopy(bases[base])
+    for key, value in keys.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value, force_add=True)
+    return C.validate_train(to_train_config(cfg))
+
+
+STREAM = {"data__segment_mode": "stream", "data__seq_len": 32}
+SPLIT = {"data__segment_mode": "split", "data__seq_len": 32}
+
+
+@pytest.mark.parametrize(("base", "keys", "line"), [
+    ("synthetic", {"data__segment_mode": "carry"},
+     "data.segment_mode='carry': one of none, split, stream"),
+    ("synthetic", {"data__segment_mode": "stream"},
+     "data.segment_mode='stream': stream reads a text corpus as lanes; synthetic data uses "
+     "split"),
+    ("text", {**SPLIT, "data__packing": True},
+     "data.packing=True: segment modes lay documents out themselves (data.segment_mode=split); "
+     "set data.packing=false"),
+    ("encoder", SPLIT, "data.segment_mode='split': carried state needs a causal decoder "
+                       "(model.family.name=decoder, not encoder)"),
+    ("text", {**STREAM, "trainer__devices": 2, "trainer__strategy": "ddp"},
+     "data.segment_mode='stream': stream runs on one process for now (trainer.devices=2"),
+    ("text", {**STREAM, "trainer__num_nodes": 2},
+     "data.segment_mode='stream': stream runs on one process for now (trainer.devices=1, "
+     "trainer.num_nodes=2)"),
+    ("synthetic", {**SPLIT, "data__doc_len": 100},
+     "data.doc_len=100: a whole number of segments of data.seq_len=32"),
+    ("synthetic", {**SPLIT, "data__doc_len": 16},
+     "data.doc_len=16: a whole number of segments of data.seq_len=32"),
+    ("synthetic", {"data__seq_len": 32, "data__doc_len": 64},
+     "data.doc_len=64: the longest document of data.segment_mode=split (not none)"),
+    ("synthetic", {**SPLIT, "data__doc_len": 64, "data__curriculum": [[0, 32], [10, 96]]},
+     "data.curriculum=[[0, 32], [10, 96]]: each max_len must be <= the document length 64"),
+    ("synthetic", {"trainer__bptt": -1}, "trainer.bptt=-1: must be >= 0"),
+    ("text", {**STREAM, "trainer__bptt": 0},
+     "trainer.bptt=0: stream mode reads rows of trainer.bptt segments: must be >= 1"),
+    ("synthetic", {**SPLIT, "trainer__compile": True},
+     "trainer.compile=True: would trace forwards that write carried state"),
+    ("synthetic", {**SPLIT, "trainer__activation_checkpointing": True},
+     "trainer.activation_checkpointing=True: would re-run forwards that write carried state"),
+    ("synthetic", {"model__memory_tokens": -1}, "model.memory_tokens=-1: must be >= 0"),
+    ("synthetic", {"model__memory_tokens": 8},
+     "model.memory_tokens=8: memory tokens travel with one document: data.segment_mode=split"),
+    ("learned", {**SPLIT, "model__memory_tokens": 8, "model__max_seq_len": 40},
+     "model.max_seq_len=40: the learned position table must cover a segment and its memory "
+     "tokens: data.seq_len + 2 x model.memory_tokens = 48"),
+])
+def test_segment_mode_rules_fail_in_one_line(bases, base, keys, line):
+    with pytest.raises(ConfigError) as err:
+        _train(bases, base, **keys)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("config error: ") and line in msg, msg
+
+
+def test_memory_tokens_and_an_xl_memory_are_refused_together(bases):
+    """(``model.mixer.mem_len`` is softmax's option once the XL memory lands: set here on the
+    checked config's mixer options directly.)"""
+    from blocklab.config.validate import validate_segment_run
+
+    tc = _train(bases, **SPLIT, model__memory_tokens=4)
+    tc.model.mixer["mem_len"] = 16
+    with pytest.raises(ConfigError, match=r"^config error: model\.memory_tokens=4: memory tokens "
+                                          r"and model\.mixer\.mem_len=16 are two memories"):
+        validate_segment_run(tc)
+    tc.model.mixer["mem_len"] = 0
+    validate_segment_run(tc)
+
+
+def test_segment_modes_that_keep_the_rules_validate(bases):
+    tc = _train(bases, "text", **STREAM, trainer__bptt=2)
+    assert (tc.data.segment_mode, tc.trainer.bptt) == ("stream", 2)
+    tc = _train(bases, "learned", **SPLIT, data__doc_len=128, trainer__bptt=0,
+                data__curriculum=[[0, 64], [10, 128]], model__memory_tokens=4,
+                model__max_seq_len=40)
+    assert (tc.data.doc_len, tc.model.memory_tokens) == (128, 4)
+    plain = _train(bases)  # the defaults change nothing
+    assert (plain.data.segment_mode, plain.data.doc_len, plain.trainer.bptt,
+            plain.model.memory_tokens) == ("none", None, 1, 0)
+
+
+def test_new_segment_keys_at_their_defaults_vanish_from_the_hashed_config(bases):
+    from blocklab.config.migrate import legacy_config, legacy_layout
+
+    plain = OmegaConf.to_container(bases["synthetic"])
+    old = legacy_config(plain)
+    assert "segment_mode" not in old["data"] and "doc_len" not in old["data"]
+    assert "bptt" not in old["trainer"] and "memory_tokens" not in old["model"]
+    assert "memory_tokens" not in legacy_layout(plain["model"])
+    changed = {**plain, "trainer": {**plain["trainer"], "bptt": 2},
+               "model": {**plain["model"], "memory_tokens": 4}}
+    new = legacy_config(changed)
+    assert new["trainer"]["bptt"] == 2 and new["model"]["memory_tokens"] == 4
+
+
+def test_the_cli_refuses_a_segment_rule_with_exit_2(tmp_path, capfd):
+    from inprocess import run_cli
+
+    r = run_cli(capfd, "blocklab-train", *SEG, "data.segment_mode=stream",
+                f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "config error: data.segment_mode='stream': stream reads a text corpus as lanes; "
+        "synthetic data uses split"]

@@ -37,7 +37,11 @@ ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": N
                          "feature_seed": 0}
 
 #: data keys and task weights added since the hashes were recorded: left out at their defaults
-DATA_ADDED: dict[str, Any] = {"user_tasks": {}, "listops_gap": 0}
+DATA_ADDED: dict[str, Any] = {"user_tasks": {}, "listops_gap": 0, "segment_mode": "none",
+                               "doc_len": None}
+#: trainer and (top-level) model keys added since, likewise (issue 45: memory across segments)
+TRAINER_ADDED: dict[str, Any] = {"bptt": 1}
+MODEL_ADDED: dict[str, Any] = {"memory_tokens": 0}
 TASKS_ADDED: dict[str, Any] = {"listops": 0.0}
 
 
@@ -134,13 +138,17 @@ def legacy_layout(model: dict[str, Any]) -> dict[str, Any]:
     for option, default in ADDED.items():
         if option in mixer and mixer[option] == default:
             del mixer[option]
+    for key, default in MODEL_ADDED.items():
+        if key in out and out[key] == default:
+            del out[key]
     return out
 
 
 def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
     """A plain training config with its model in :func:`legacy_layout`, and without keys added
     since that are at their default (``data.user_tasks: {}``, ``data.listops_gap: 0``, a new
-    task's weight 0): an unchanged run keeps the config hash earlier versions recorded."""
+    task's weight 0, ``data.segment_mode: none``, ``trainer.bptt: 1``): an unchanged run keeps
+    the config hash earlier versions recorded."""
     data = config.get("data")
     if isinstance(data, dict):
         data = {k: v for k, v in data.items() if DATA_ADDED.get(k, ...) != v}
@@ -148,6 +156,10 @@ def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(tasks, dict):  # task weights added since, at 0
             data["tasks"] = {k: v for k, v in tasks.items() if TASKS_ADDED.get(k, ...) != v}
         config = {**config, "data": data}
+    trainer = config.get("trainer")
+    if isinstance(trainer, dict):
+        config = {**config, "trainer": {k: v for k, v in trainer.items()
+                                        if TRAINER_ADDED.get(k, ...) != v}}
     if not isinstance(config.get("model"), dict):
         return config
     return {**config, "model": legacy_layout(config["model"])}

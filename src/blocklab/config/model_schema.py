@@ -205,6 +205,9 @@ class ModelConfig:
     type_vocab_size: int = 0
     # factor on the final hidden state before the LM head (T5 with a tied head: d_model^-0.5)
     head_scale: float = 1.0
+    # RMT memory tokens (arXiv 2207.06881): n learned embeddings read and written around each
+    # segment, carried to the next one (data.segment_mode=split); 0 = none
+    memory_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mixer, MixerConfig):  # from OmegaConf or a plain dict

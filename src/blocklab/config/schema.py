@@ -90,6 +90,7 @@ BEST_MODES = {"val/loss": "min", "val/accuracy": "max", "train/loss": "min",
               "train/grad_norm": "min"}
 PROBE_SPACES = ("auto", "token", "text")
 TEXT_HAYSTACKS = ("essay", "shakespeare")  # built in; anything else is a path to a text file
+SEGMENT_MODES = ("none", "split", "stream")  # data.segment_mode (none: rows as they are)
 
 
 # The synthetic vocabulary facts (config/facts.py) and the probe spec (config/probe_schema.py)
@@ -211,6 +212,10 @@ class DataConfig:
     long_documents: str = "split"  # split | truncate
     utf8_errors: str = "replace"  # replace (and count) | strict (fail naming file and offset)
     mlm_probability: float = 0.15  # encoder family: fraction of tokens masked
+    # memory across segments of seq_len tokens: none | split (one document an example, RMT) |
+    # stream (text as batch_size lanes, Transformer-XL's batchify; data/lanes.py)
+    segment_mode: str = "none"
+    doc_len: int | None = None  # split: the longest document, whole segments (null: seq_len)
 
 
 @dataclass
@@ -278,6 +283,9 @@ class TrainerConfig:
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     detect_anomaly: bool = False  # torch.autograd anomaly detection (slow; finds the NaN's op)
     log_grad_norm: str = "global"  # none | global | layer (train/grad_norm[/<layer>], pre-clip)
+    # segment modes: stream = segments per training row (one backward each); split = detach
+    # the carried state every bptt segments (0 = never: backward through the whole document)
+    bptt: int = 1
 
 
 @dataclass

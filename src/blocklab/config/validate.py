@@ -101,6 +101,8 @@ def validate_trainer(t: TrainerConfig, key: str = "trainer") -> TrainerConfig:
     _check(t.best_monitor is None or t.best_monitor in ROW_METRICS, f"{key}.best_monitor",
            t.best_monitor, f"must be null (early stopping's monitor, else val/loss) or one of "
            f"{', '.join(ROW_METRICS)}")
+    _check(t.bptt >= 0, f"{key}.bptt", t.bptt,
+           "must be >= 0 (segments per backward; 0 = the whole document, split mode)")
     _check(t.skip_nonfinite >= 0, f"{key}.skip_nonfinite", t.skip_nonfinite,
            "must be >= 0 (0 = stop at the first non-finite step)")
     _check(t.threads is None or t.threads >= 1, f"{key}.threads", t.threads,
@@ -240,12 +242,53 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
     validate_optim(tc.optim)
     validate_schedule(tc.schedule)
     validate_trainer(tc.trainer)
+    validate_segment_run(tc)
     validate_logger(tc.logger)
     validate_callbacks(tc.callbacks)
     best_rule(tc)
     for key in ("probes", "checkpoint_probes"):  # each as it runs for this tokenizer
         setattr(tc, key, validate_run_probe_spec(getattr(tc, key), tc, key))
     return tc
+
+
+def validate_segment_run(tc: TrainConfig) -> None:
+    """The rules between ``data.segment_mode`` and the model and trainer (docs/memory.md): a
+    causal decoder carries state from segment to segment; stream mode runs on one process and
+    needs a row of >= 1 segments; forwards that write state are neither re-run (activation
+    checkpointing) nor traced (compile); RMT's memory tokens travel with one document."""
+    mode, t, m = tc.data.segment_mode, tc.trainer, tc.model
+    n = m.memory_tokens
+    _check(n >= 0, "model.memory_tokens", n, "must be >= 0 (0 = no memory tokens)")
+    _check(n == 0 or mode == "split", "model.memory_tokens", n,
+           "memory tokens travel with one document: data.segment_mode=split")
+    if n:
+        _check(not m.mixer.get("mem_len"), "model.memory_tokens", n,
+               f"memory tokens and model.mixer.mem_len={m.mixer.get('mem_len')} are two "
+               "memories; use one (for now)")
+        from blocklab import registry
+
+        scheme = registry.lookup("position", m.position.name, "model.position.name")
+        limit = scheme.positions_limit(m.position, max_seq_len=m.max_seq_len)
+        need = tc.data.seq_len + 2 * n
+        _check(limit is None or limit >= need, "model.max_seq_len", m.max_seq_len,
+               f"the {m.position.name} position table must cover a segment and its memory "
+               f"tokens: data.seq_len + 2 x model.memory_tokens = {need}")
+    if mode == "none":
+        return
+    key = "data.segment_mode"
+    _check(m.family.name == "decoder", key, mode,
+           f"carried state needs a causal decoder (model.family.name=decoder, not "
+           f"{m.family.name})")
+    _check(mode != "stream" or (t.devices == 1 and t.num_nodes == 1), key, mode,
+           f"stream runs on one process for now (trainer.devices={t.devices}, "
+           f"trainer.num_nodes={t.num_nodes})")
+    _check(mode != "stream" or t.bptt >= 1, "trainer.bptt", t.bptt,
+           "stream mode reads rows of trainer.bptt segments: must be >= 1 "
+           "(0 = the whole document is for data.segment_mode=split)")
+    for name, why in (("activation_checkpointing", "would re-run"), ("compile", "would trace")):
+        _check(not getattr(t, name), f"trainer.{name}", True,
+               f"{why} forwards that write carried state ({key}={mode})",
+               f"set trainer.{name}=false")
 
 
 def validate_run_probe_spec(spec: ProbeSpec, tc: TrainConfig, key: str = "probes") -> ProbeSpec:

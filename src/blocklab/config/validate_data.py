@@ -18,6 +18,7 @@ from blocklab.config.schema import (
     LONG_DOCUMENTS,
     MARKOV_MIN_FILLER,
     MQAR_LAYOUTS,
+    SEGMENT_MODES,
     SOURCE_FINGERPRINTS,
     UTF8_ERRORS,
     DataConfig,
@@ -32,6 +33,32 @@ from blocklab.config.schema import (
     needle_min_length,
 )
 from blocklab.errors import ConfigError
+
+
+def longest(d: DataConfig) -> int:
+    """The longest training sequence: ``data.doc_len`` (null: ``seq_len``) when a document is
+    read segment by segment (``data.segment_mode=split``), else ``data.seq_len``."""
+    return (d.doc_len or d.seq_len) if d.segment_mode == "split" else d.seq_len
+
+
+def validate_segments(d: DataConfig, key: str = "data") -> None:
+    """``data.segment_mode`` and ``data.doc_len`` (docs/memory.md): stream reads text, neither
+    mode packs, a document is a whole number of segments of ``data.seq_len``."""
+    _one_of(f"{key}.segment_mode", d.segment_mode, SEGMENT_MODES,
+            "none: rows as they are; split: one document per example, segment by segment; "
+            "stream: a text corpus as data.batch_size lanes")
+    mode = d.segment_mode
+    _check(mode != "stream" or _name(d.name) == DataName.text.value, f"{key}.segment_mode",
+           mode, "stream reads a text corpus as lanes; synthetic data uses split")
+    _check(mode == "none" or not d.packing, f"{key}.packing", d.packing,
+           f"segment modes lay documents out themselves ({key}.segment_mode={mode})",
+           f"set {key}.packing=false")
+    if d.doc_len is not None:
+        _check(mode == "split", f"{key}.doc_len", d.doc_len,
+               f"the longest document of {key}.segment_mode=split (not {mode})",
+               "leave it null")
+        _check(d.doc_len >= d.seq_len and d.doc_len % d.seq_len == 0, f"{key}.doc_len",
+               d.doc_len, f"a whole number of segments of {key}.seq_len={d.seq_len}")
 
 
 def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
@@ -63,8 +90,10 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
                f"(data.tasks with weight > 0: {', '.join(sorted(trained))})")
     _check(len(set(d.val_tasks)) == len(d.val_tasks), f"{key}.val_tasks", list(d.val_tasks),
            "names a task twice")
-    _check(d.val_len is None or d.min_len <= d.val_len <= d.seq_len, f"{key}.val_len",
-           d.val_len, f"must be null or in min_len..seq_len ({d.min_len}..{d.seq_len})")
+    top = longest(d)  # seq_len, or doc_len in split mode
+    top_name = "doc_len" if top != d.seq_len else "seq_len"
+    _check(d.val_len is None or d.min_len <= d.val_len <= top, f"{key}.val_len",
+           d.val_len, f"must be null or in min_len..{top_name} ({d.min_len}..{top})")
     _check(len(d.n_distractors) == 2, f"{key}.n_distractors", d.n_distractors,
            "needs [min, max]")
     lo, hi = d.n_distractors
@@ -74,6 +103,8 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
            and stages == sorted(stages), f"{key}.curriculum", stages,
            f"needs [[from_step, max_len], ...] sorted by step, each max_len >= "
            f"min_len={d.min_len}")
+    _check(d.segment_mode != "split" or all(st[1] <= top for st in stages), f"{key}.curriculum",
+           stages, f"each max_len must be <= the document length {top} (data.doc_len)")
     _check(8 <= d.min_len <= d.seq_len, f"{key}.min_len", d.min_len,
            f"need 8 <= min_len <= seq_len={d.seq_len}")
     if "needle" in used:
@@ -114,10 +145,10 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
            f"must be >= 0, and listops needs data.min_len >= 2 x gap + 16 (min_len={d.min_len})")
     for task in sorted(used):
         n_k, n_v = ((d.mqar_pairs,) * 2 if task == "mqar" and d.mqar_pairs is not None
-                    else distinct_ids(task, d.seq_len, hi, d.multihop_hops))
+                    else distinct_ids(task, top, hi, d.multihop_hops))
         if d.n_keys < n_k or d.n_values < n_v:
             name = "n_keys" if d.n_keys < n_k else "n_values"
-            raise _fail(f"{key}.{name}", getattr(d, name), f"{task} at seq_len={d.seq_len} "
+            raise _fail(f"{key}.{name}", getattr(d, name), f"{task} at {top_name}={top} "
                         f"needs {n_k} distinct keys and {n_v} distinct values",
                         "raise data.n_keys/n_values or lower data.seq_len")
     return d
@@ -141,6 +172,7 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
             "the reader of data.files; convert other formats to JSON lines or parquet")
     _one_of(f"{key}.long_documents", d.long_documents, LONG_DOCUMENTS)
     _one_of(f"{key}.utf8_errors", d.utf8_errors, UTF8_ERRORS)
+    validate_segments(d, key)
     synthetic_tok = _name(tok.name) == TokenizerName.synthetic.value
     if _name(d.name) == DataName.synthetic.value:
         _check(synthetic_tok, "tokenizer.name", _name(tok.name),

@@ -9,6 +9,7 @@ import hashlib
 import json
 
 from blocklab.config import MULTIHOP_HOPS, DataConfig, validate_mixture
+from blocklab.config.validate_data import longest
 from blocklab.data.synthetic import Example, Vocab, example_rng
 from blocklab.registry import lookup
 
@@ -46,9 +47,12 @@ class Mixture:
 
     def max_len(self, step: int) -> int:
         """Longest sequence at ``step``: the last curriculum stage started by then, capped at
-        seq_len; seq_len without a curriculum."""
+        seq_len; seq_len without a curriculum. With ``data.segment_mode=split`` the cap is
+        ``data.doc_len`` (one example is one document read segment by segment), so the
+        curriculum grows the number of segments."""
+        top = longest(self.cfg)
         started = [length for start, length in self.cfg.curriculum if start <= step]
-        return min(started[-1], self.cfg.seq_len) if started else self.cfg.seq_len
+        return min(started[-1], top) if started else top
 
     def __call__(self, index: int, step: int | None = None) -> Example:
         c = self.cfg
@@ -56,7 +60,7 @@ class Mixture:
         name = rng.choices(self.names, self.weights)[0]
         # One length per batch (indices of a batch are consecutive): no padding waste.
         batch_rng = example_rng(c.seed, index // c.batch_size, self.salt + ":length")
-        hi = c.seq_len if step is None else self.max_len(step)
+        hi = longest(c) if step is None else self.max_len(step)
         length = self.length or batch_rng.randint(min(c.min_len, hi), hi)
         task = self.tasks[name]
         return task.generate(rng, self.vocab, length, seed=c.seed, **task.draw(c, rng))
@@ -78,5 +82,8 @@ class Mixture:
                    else {}),
                 **({"listops_gap": self.cfg.listops_gap} if self.cfg.listops_gap else {}),
                 **({"multihop_hops": list(self.cfg.multihop_hops)}
-                   if tuple(self.cfg.multihop_hops) != MULTIHOP_HOPS else {})}
+                   if tuple(self.cfg.multihop_hops) != MULTIHOP_HOPS else {}),
+                **({"segment_mode": self.cfg.segment_mode}
+                   if self.cfg.segment_mode != "none" else {}),
+                **({"doc_len": self.cfg.doc_len} if self.cfg.doc_len is not None else {})}
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

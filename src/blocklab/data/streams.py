@@ -8,6 +8,7 @@ data config: exact resume needs only the number of examples consumed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,10 +45,11 @@ class Streams:
     val_documents: Callable[[], list[np.ndarray]] | None = None
 
 
-def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
-    """The streams of ``data`` tokenized by ``tokenizer`` (validates both first)."""
+def build_streams(data: DataConfig, tokenizer: TokenizerConfig, *, bptt: int = 1) -> Streams:
+    """The streams of ``data`` tokenized by ``tokenizer`` (validates both first); ``bptt``
+    (``trainer.bptt``) is the number of segments per row of ``data.segment_mode=stream``."""
     if data.name is DataName.text:
-        return _text(data, tokenizer)
+        return _text(data, tokenizer, bptt)
     if tokenizer.name is not TokenizerName.synthetic:
         raise ConfigError(f"config error: tokenizer.name={tokenizer.name.value!r}: synthetic "
                           "data uses tokenizer=synthetic")
@@ -60,7 +62,7 @@ def build_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
                    vocab_size=train.vocab.size, fingerprint=train.fingerprint())
 
 
-def _text(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
+def _text(data: DataConfig, tokenizer: TokenizerConfig, bptt: int = 1) -> Streams:
     """A prepared corpus (built on first use, reused after: data/prepare.py), read by memory
     map as document-aligned pieces or packed windows (data/shards.py); validated on a
     validation source of its own or on a held-out part (data/splits.py)."""
@@ -80,7 +82,7 @@ def _text(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
         val = prepare(source, tokenizer, like=prepared, key=_key(data))
         split = from_source(corpus, TokenCorpus(val.path), f"{note} (prepared corpus {val.path})")
         identity, note = {"val": val.fingerprint}, ""
-    return _streams(data, prepared, corpus, split, identity, note)
+    return _streams(data, prepared, corpus, split, identity, note, bptt=bptt)
 
 
 def _key(data: DataConfig) -> str:
@@ -89,19 +91,34 @@ def _key(data: DataConfig) -> str:
 
 
 def _streams(data: DataConfig, prepared, corpus, split, identity: dict, note: str = "",
-             *, train: bool = True) -> Streams:
+             *, train: bool = True, bptt: int = 1) -> Streams:
     """The streams over ``split`` of ``corpus``, described (the summary line) and identified
-    (``identity``: what decided the validation part)."""
+    (``identity``: what decided the validation part). ``data.segment_mode``: stream reads
+    lanes (data/lanes.py), split reads pieces of up to ``data.doc_len`` tokens (documents)."""
+    from blocklab.data.lanes import Lanes
     from blocklab.data.shards import Pieces, Windows
 
-    stream = (Windows if data.packing else Pieces)(corpus, data, split, train=train)
+    mode = data.segment_mode
+    if mode == "stream":
+        stream = Lanes(corpus, data, split, bptt=bptt, train=train)
+    elif mode == "split":  # one document (piece) of <= doc_len tokens an example
+        wide = dataclasses.replace(data, seq_len=data.doc_len or data.seq_len)
+        stream = Pieces(corpus, wide, split, train=train)
+    else:
+        stream = (Windows if data.packing else Pieces)(corpus, data, split, train=train)
     m = prepared.meta
     reading = {k: getattr(data, k) for k in ("seed", "seq_len", "long_documents", "packing")}
+    if mode != "none":  # only then: an unchanged run keeps its fingerprint
+        reading["segment_mode"] = mode
+        reading.update({"doc_len": data.doc_len} if data.doc_len is not None else {})
+        reading.update({"bptt": bptt} if mode == "stream" and bptt != 1 else {})
+    kind = {"stream": "lane rows", "split": "documents"}.get(
+        mode, "windows" if data.packing else "pieces")
     described = (f"{m['documents']:,} documents ({m['empty_dropped']} empty dropped, "
                  f"{getattr(stream, 'split_documents', 0)} split, "
                  f"{getattr(stream, 'truncated_documents', 0)} truncated, {m['invalid_utf8']} "
                  f"invalid UTF-8 sequences replaced), {m['tokens']:,} tokens in "
-                 f"{stream.pieces:,} {'windows' if data.packing else 'pieces'} "
+                 f"{stream.pieces:,} {kind} "
                  f"(prepared corpus {prepared.path}); validation: {split.how}"
                  + (f" ({note})" if note else ""))
     return Streams(train=stream.train_example, val=stream.val_example,
@@ -114,7 +131,8 @@ def _streams(data: DataConfig, prepared, corpus, split, identity: dict, note: st
                    val_documents=lambda: split.val.documents())
 
 
-def build_eval_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
+def build_eval_streams(data: DataConfig, tokenizer: TokenizerConfig, *, bptt: int = 1
+                       ) -> Streams:
     """An evaluation corpus: every document of ``data``'s validation source where it names one
     (``val_files``, ``val_split``), else of its sources, as the validation stream (nothing
     trains); the tokenizer is ``tokenizer`` (``blocklab-eval``: the checkpoint's own)."""
@@ -127,4 +145,4 @@ def build_eval_streams(data: DataConfig, tokenizer: TokenizerConfig) -> Streams:
                        key=_key(data) if source is not None else "data.files")
     corpus = TokenCorpus(prepared.path)
     split = everything(corpus, what if source is not None else named_sources(data))
-    return _streams(data, prepared, corpus, split, {"eval": "all"}, train=False)
+    return _streams(data, prepared, corpus, split, {"eval": "all"}, train=False, bptt=bptt)
