@@ -116,3 +116,35 @@ def test_the_synthetic_mixture_is_capped_at_doc_len_and_the_curriculum_grows_it(
     assert max(len(split(i).tokens) for i in range(40)) > 48  # no step: up to doc_len
     assert split.fingerprint() != plain.fingerprint()
     assert Mixture(DataConfig(**base)).fingerprint() == plain.fingerprint()
+
+
+def test_mqar_segments_layout_puts_records_first_and_queries_last():
+    from blocklab.config import ConfigError
+    from blocklab.config.validate_data import validate_mixture
+    from blocklab.data.synthetic import SEP
+
+    cfg = DataConfig(seq_len=16, min_len=16, batch_size=4, segment_mode="split", doc_len=64,
+                     tasks={"needle": 0.0, "mqar": 1.0}, mqar_pairs=3, mqar_layout="segments")
+    mix = Mixture(cfg)
+    seen = set()
+    for i in range(24):
+        e = mix(i, None)
+        n = len(e.tokens)
+        assert n % 16 == 0 and 32 <= n <= 64 and e.meta["segments_back"] == n // 16 - 1
+        seen.add(n)
+        first, last = e.tokens[:16], e.tokens[n - 16:]
+        answers = [u for u, t in enumerate(e.targets) if t]
+        assert len(answers) == 3 and all(u >= n - 16 for u in answers)
+        records = {first[u]: first[u + 1] for u in range(1, 15) if first[u] in mix.vocab.keys}
+        assert len(records) == 3
+        for u in answers:  # SEP k v: v is the value the first segment recorded for k
+            assert e.tokens[u - 2] == SEP and records[e.tokens[u - 1]] == e.tokens[u]
+            # control: the last segment alone never holds the key before its query
+            assert e.tokens[u - 1] not in last[:u - 2 - (n - 16)]
+    assert len(seen) > 1  # lengths (segments) vary
+    bad = DataConfig(seq_len=16, min_len=16, tasks={"needle": 0.0, "mqar": 1.0}, mqar_pairs=3,
+                     mqar_layout="segments")
+    with pytest.raises(ConfigError, match=r"data\.mqar_layout='segments': records in the first "
+                                          r"segment, queries in the last: needs "
+                                          r"data\.segment_mode=split"):
+        validate_mixture(bad)

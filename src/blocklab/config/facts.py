@@ -14,7 +14,7 @@ def needle_min_length(n_distractors: int) -> int:
     return 3 * (n_distractors + 1) + 4 + n_distractors
 
 
-MQAR_LAYOUTS = ("spread", "zoology")  # data.mqar_layout (with data.mqar_pairs)
+MQAR_LAYOUTS = ("spread", "zoology", "segments")  # data.mqar_layout (with data.mqar_pairs)
 ZOOLOGY_POWER_A = 0.01  # Zoology's query slots: p(slot g) ∝ g^(a - 1), g = 1, 2, ...
 
 

@@ -135,6 +135,9 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
         _check("mqar" not in used or d.min_len >= shortest, f"{key}.min_len", d.min_len,
                f"mqar with data.mqar_pairs={d.mqar_pairs} ({d.mqar_layout} layout) needs "
                f"sequences of at least {shortest} tokens")
+    _check(d.mqar_layout != "segments" or (d.segment_mode == "split" and top >= 2 * d.seq_len),
+           f"{key}.mqar_layout", d.mqar_layout, "records in the first segment, queries in the "
+           "last: needs data.segment_mode=split and data.doc_len >= 2 x data.seq_len")
     _check(d.mqar_min_pairs is None or d.mqar_pairs is not None, f"{key}.mqar_min_pairs",
            d.mqar_min_pairs, "needs data.mqar_pairs (the Zoology layout) set")
     _check(d.mqar_layout == "spread" or d.mqar_pairs is not None, f"{key}.mqar_layout",

@@ -15,14 +15,17 @@ from blocklab.data.tasks.base import Task
 
 
 def mqar(rng: random.Random, vocab: Vocab, length: int, *, pairs: int | None = None,
-         layout: str = "spread", seed: int = 0) -> Example:
+         layout: str = "spread", seed: int = 0, seg_len: int | None = None) -> Example:
     """Multi-query associative recall ("Zoology", arXiv 2312.04927): records, then every key
     queried once in random order — dense supervision that speeds up learning to match keys.
     With ``pairs``, exactly ``length`` tokens (``meta["distances"]``: tokens from each queried
     value's record to its answer) laid out as ``layout``: ``spread``, ``BOS k1 v1 … kn vn``
     then the n queries ``SEP ki → vi`` in random order at random places among i.i.d. filler;
-    ``zoology``, the paper's own (:func:`mqar_zoology`)."""
+    ``zoology``, the paper's own (:func:`mqar_zoology`); ``segments``, across segments of
+    ``seg_len`` (:func:`mqar_segments`)."""
     if pairs is not None:
+        if layout == "segments":
+            return mqar_segments(rng, vocab, length, pairs, seg_len or length)
         if layout == "zoology":
             return mqar_zoology(rng, vocab, length, pairs)
         return _mqar_spread(rng, vocab, length, pairs)
@@ -61,6 +64,45 @@ def _mqar_spread(rng: random.Random, vocab: Vocab, length: int, n: int) -> Examp
     tokens += rng.choices(vocab.filler, k=gaps[-1])
     targets += [False] * gaps[-1]
     return Example(tokens, targets, {"task": "mqar", "n_records": n, "distances": distances})
+
+
+def _scatter(rng: random.Random, vocab: Vocab, items: list[list[int]], room: int
+             ) -> tuple[list[int], list[int]]:
+    """``items`` in order at uniform places among i.i.d. filler, ``room`` tokens in all: the
+    tokens and the index of each item's last token."""
+    n_fill = room - sum(len(it) for it in items)
+    cuts = sorted(rng.randint(0, n_fill) for _ in items)
+    gaps = [b - a for a, b in zip([0, *cuts], [*cuts, n_fill])]
+    tokens: list[int] = []
+    last = []
+    for gap, item in zip(gaps, items):
+        tokens += rng.choices(vocab.filler, k=gap) + item
+        last.append(len(tokens) - 1)
+    return tokens + rng.choices(vocab.filler, k=gaps[-1]), last
+
+
+def mqar_segments(rng: random.Random, vocab: Vocab, length: int, n: int, seg_len: int
+                  ) -> Example:
+    """MQAR across segments (``data.mqar_layout=segments``, for memory across segments, RMT /
+    BABILong's setting: arXiv 2207.06881, 2406.10149): ``max(length // seg_len, 2)`` segments;
+    BOS and the ``n`` records ``k v`` at uniform places in the first, the ``n`` queries
+    ``SEP k v`` (random order) at uniform places in the last, i.i.d. filler everywhere else.
+    Only a memory that reaches ``meta["segments_back"]`` segments back answers."""
+    if 3 * n > seg_len:
+        raise ValueError(f"mqar: {n} pairs need segments of >= {3 * n} tokens, got {seg_len}")
+    segs = max(length // seg_len, 2)
+    keys, values = rng.sample(vocab.keys, n), rng.sample(vocab.values, n)
+    first, _ = _scatter(rng, vocab, [[k, v] for k, v in zip(keys, values)], seg_len - 1)
+    order = rng.sample(range(n), n)
+    last, answers = _scatter(rng, vocab, [[SEP, keys[j], values[j]] for j in order], seg_len)
+    middle = rng.choices(vocab.filler, k=(segs - 2) * seg_len)
+    tokens = [BOS, *first, *middle, *last]
+    targets = [False] * len(tokens)
+    start = (segs - 1) * seg_len
+    for a in answers:
+        targets[start + a] = True
+    return Example(tokens, targets, {"task": "mqar", "n_records": n,
+                                     "segments_back": segs - 1})
 
 
 def mqar_zoology(rng: random.Random, vocab: Vocab, length: int, n: int) -> Example:
@@ -103,4 +145,5 @@ class MqarTask(Task):
             return {}
         return {"pairs": (cfg.mqar_pairs if cfg.mqar_min_pairs is None
                           else rng.randint(cfg.mqar_min_pairs, cfg.mqar_pairs)),
-                "layout": cfg.mqar_layout}
+                "layout": cfg.mqar_layout,
+                **({"seg_len": cfg.seq_len} if cfg.mqar_layout == "segments" else {})}
