@@ -103,6 +103,9 @@ def test_a_stream_row_without_document_ids_is_refused():
         SegmentCollate("stream", T)([Example([1, 2, 3], [False, True, True])])
     with pytest.raises(ValueError, match="split or stream"):
         SegmentCollate("none", T)
+    assert SegmentCollate.from_config(DataConfig()) is None
+    made = SegmentCollate.from_config(DataConfig(seq_len=16, segment_mode="split"), pad=3)
+    assert (made.mode, made.seq_len, made.pad) == ("split", 16, 3)
 
 
 def test_the_synthetic_mixture_is_capped_at_doc_len_and_the_curriculum_grows_it():

@@ -35,6 +35,13 @@ class SegmentCollate:
             raise ValueError(f"SegmentCollate reads data.segment_mode split or stream, not {mode!r}")
         self.mode, self.seq_len, self.pad = mode, seq_len, pad
 
+    @classmethod
+    def from_config(cls, data, *, pad: int = PAD) -> SegmentCollate | None:
+        """The collate of a run's ``data.segment_mode`` (None for ``none``: the family's
+        objective collates); ``pad`` the tokenizer's pad id (``Streams.specials.pad``)."""
+        return None if data.segment_mode == "none" else cls(data.segment_mode, data.seq_len,
+                                                                 pad=pad)
+
     def __call__(self, examples: list[Example]) -> dict[str, Tensor]:
         n_in = [len(e.tokens) - 1 for e in examples]  # inputs of each row
         t = self.seq_len
