@@ -33,7 +33,9 @@ ALLOWED = {
     # the registry wiring: the built-in mixers' table
     "model/mixers.py": {"softmax", "linear", "gated_conv", "ssm", "SoftmaxAttention",
                         "LinearAttention", "GatedConv", "SelectiveSSM", "linformer", "nystrom",
-                        "LinformerAttention", "NystromAttention"},
+                        "LinformerAttention", "NystromAttention", "memorizing", "Memorizing"},
+    # the memorizing mixer is softmax attention plus a retrieval memory: its subclass
+    "model/knn.py": {"SoftmaxAttention"},
     # the schema's default value of model.mixer.name; RopeScaling.linear is a rope scaling
     "config/model_schema.py": {"softmax", "linear"},
     # Hugging Face mappings: an outside architecture maps to named blocklab components

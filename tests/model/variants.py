@@ -78,9 +78,13 @@ MIXER_OPTIONS: dict[str, list[dict[str, object]]] = {
             {"d_state": 2, "expand": 1, "d_conv": 2, "chunk": 7, "dt_rank": 3}],
     "nystrom": [{"landmarks": 4, "pinv_iters": 6}, {"landmarks": 16, "pinv_iters": 0}],
     "linformer": [{"proj_dim": 8, "share_kv": False}, {"proj_dim": 5}],
+    # a global layer with a small memory; a local one (window 3) whose memory wraps soon
+    "memorizing": [{"knn_top_k": 3, "knn_memory": 8}, {"knn_top_k": 2, "knn_memory": 4,
+                                                       "window": 3}],
 }
 # Hybrid stacks: per-layer mixer patterns (repeated over the layers)
-HYBRIDS = [["linear", "softmax"], ["ssm", "gated_conv", "softmax"], ["softmax", "token_shift"]]
+HYBRIDS = [["linear", "softmax"], ["ssm", "gated_conv", "softmax"], ["softmax", "token_shift"],
+           ["softmax", "memorizing"]]
 # position schemes a stack without score-based layers takes
 PLAIN_POSITIONS = ["none", "sinusoidal", "learned"]
 
