@@ -382,3 +382,30 @@ def test_a_bidirectional_stack_is_refused():
     assert "memorizing" in str(err.value) and len(str(err.value).splitlines()) == 1
     with pytest.raises(ConfigError, match="past"):
         knn.Memorizing.check(cfg, 0, causal=False, key="model.mixer")
+
+
+def test_selected_rows_keep_their_memory():
+    """``cache.select(rows)`` copies each row's memory: rows [1, 0, 0] of a remembering
+    prefill continue like rows 1, 0, 0 read alone (the memory changes the output)."""
+    torch.manual_seed(9)
+    model = build_model(_cfg(knn_top_k=4, knn_memory=8, pattern=["softmax", "memorizing"]))
+    model.eval()
+    ids, cont = torch.randint(0, VOCAB, (2, 6)), torch.randint(0, VOCAB, (3, 3))
+    rows = torch.tensor([1, 0, 0])
+
+    def read(first, then, chosen=None, on=True):
+        cache = model.new_cache(first.shape[0], 12)
+        if on:
+            knn.remember(cache)
+        with torch.no_grad():
+            model(first, positions=torch.arange(6).expand(first.shape[0], -1), cache=cache)
+            if chosen is not None:
+                cache = cache.select(chosen)
+            return model(then, positions=(6 + torch.arange(3)).expand(then.shape[0], -1),
+                         cache=cache)
+
+    got = read(ids, cont, rows)
+    for j, r in enumerate(rows.tolist()):
+        alone = read(ids[r:r + 1], cont[j:j + 1])
+        torch.testing.assert_close(got[j], alone[0], atol=ATOL, rtol=0)
+    assert not torch.allclose(got, read(ids, cont, rows, on=False), atol=ATOL)

@@ -279,6 +279,7 @@ class Memorizing(SoftmaxAttention):
         try:
             y = super().forward(x, seq, state)
             qkv, local = self.qkv.seen[1], self.out.seen[0]  # type: ignore[index]
+            qkv = qkv[:, -x.shape[1]:]  # this segment's rows (an XL layer projects [mem; x])
         finally:
             for tap in taps:
                 tap.keep, tap.seen = False, None
