@@ -245,13 +245,14 @@ def test_memory_is_never_read_by_another_document(monkeypatch):
 
 # ------------------------------------------------------------------------------- 5. grads
 
-def _check_detached(layer):
+def _check_detached(layer, *, flags=True):
     torch.manual_seed(6)
     x1, x2 = torch.randn(1, 5, 32, requires_grad=True), torch.randn(1, 4, 32, requires_grad=True)
     state = layer.new_state(1, 16, dtype=torch.float32, device="cpu")
     _, k1, v1 = layer.qkv(x1).view(1, 5, H + 2 * HKV, D).split((H, HKV, HKV), 2)
     state.append(k1, v1, torch.zeros(1, 5, dtype=torch.long), torch.ones(1, 5, dtype=torch.bool))
-    assert not state.memory_k.requires_grad and not state.memory_v.requires_grad
+    if flags:
+        assert not state.memory_k.requires_grad and not state.memory_v.requires_grad
     q2 = layer.qkv(x2).view(1, 4, H + 2 * HKV, D)[:, :, :H]
     r, found = state.retrieve(q2, torch.zeros(1, 4, dtype=torch.long), top_k=3, index="exact",
                               scale=D ** -0.5)
@@ -265,13 +266,14 @@ def test_the_memory_is_stored_detached(monkeypatch):
     _, layer = _layer(top_k=3, memory=8)
     _check_detached(layer)
     monkeypatch.setattr(knn, "stored", lambda t: t)  # control: stored with its graph
-    with pytest.raises(AssertionError):
-        _check_detached(layer)
+    for flags in (True, False):  # caught by the flags, and by the gradient alone
+        with pytest.raises(AssertionError):
+            _check_detached(layer, flags=flags)
 
 
 # ----------------------------------------------------------------------------- 6. padding
 
-def _check_padding():
+def _check_padding(*, count=True):
     """Left-padded rows (pads 3, 0, 2) read in two segments through a remembering cache equal
     each row's real tokens alone; the memory holds the real tokens only."""
     torch.manual_seed(7)
@@ -293,7 +295,8 @@ def _check_padding():
         return torch.cat(outs, 1), cache.states[1]
 
     got, state = read(ids, valid, positions)
-    assert state.memory_valid.sum(1).tolist() == valid.sum(1).tolist()
+    if count:
+        assert state.memory_valid.sum(1).tolist() == valid.sum(1).tolist()
     for r in range(3):
         pad = int((~valid[r]).sum())
         alone, _ = read(ids[r:r + 1, pad:], None, positions[r:r + 1, pad:], 7 - pad)
@@ -303,8 +306,9 @@ def _check_padding():
 def test_padding_is_never_stored_nor_retrieved(monkeypatch):
     _check_padding()
     monkeypatch.setattr(knn, "stored_tokens", lambda real, slots: torch.ones_like(real))
-    with pytest.raises(AssertionError):  # control: the pads stored too
-        _check_padding()
+    for count in (True, False):  # control: the pads stored too (caught by the outputs alone)
+        with pytest.raises(AssertionError):
+            _check_padding(count=count)
 
 
 # ------------------------------------------------------------- without memory: softmax
