@@ -102,8 +102,10 @@ def same_document(memory_doc: Tensor, memory_valid: Tensor, q_doc: Tensor) -> Te
 class KNNState(State):
     """The retrieval memory, mixed into the local attention's state (its class becomes a
     subclass of both, :func:`with_memory`, so ``select`` / ``reset`` / ``nbytes`` and the books
-    of the local state work unchanged). Every mutation goes through :meth:`_assign` /
-    :meth:`_scatter` (in place, or a copy rebound when the state is written functionally)."""
+    of the local state work unchanged, and so do a carry cache's ``reset_rows`` / ``detach`` /
+    ``state_dict``). Every mutation goes through :meth:`_assign` / :meth:`_scatter`: the state's
+    ``put`` / ``writable`` where it has them (in place while decoding, a new tensor rebound
+    when written functionally), else the same by hand."""
 
     remembers: bool = False
 
@@ -122,14 +124,16 @@ class KNNState(State):
         else:
             setattr(self, name, value)
 
-    def _scatter(self, name: str, index: tuple[Tensor, ...], value: Tensor) -> None:
-        t = getattr(self, name)
-        if getattr(self, "functional", False):
-            t = t.clone()
+    def _scatter(self, name: str, index: tuple[Tensor | slice, ...], value: Tensor) -> None:
+        writable = getattr(self, "writable", None)  # the carry core's, when present
+        if writable is not None:
+            writable(name)[index] = value
+        elif getattr(self, "functional", False):
+            t = getattr(self, name).clone()
             t[index] = value
             self._assign(name, t)
         else:
-            t[index] = value
+            getattr(self, name)[index] = value
 
     def append(self, k: Tensor, v: Tensor, doc: Tensor, real: Tensor) -> None:
         """Append this forward's real tokens (k, v: (B, T, Hkv, D), unrotated; doc, real: (B,
