@@ -413,3 +413,44 @@ def test_selected_rows_keep_their_memory():
         alone = read(ids[r:r + 1], cont[j:j + 1])
         torch.testing.assert_close(got[j], alone[0], atol=ATOL, rtol=0)
     assert not torch.allclose(got, read(ids, cont, rows, on=False), atol=ATOL)
+
+
+# ------------------------------------------------------------------ with the carry core
+
+CARRY = hasattr(DecodeCache, "enter")  # issue 45's carry cache (model/carry.py)
+
+
+@pytest.mark.skipif(not CARRY, reason="the carry core (model/carry.py) is not on this branch")
+def test_a_carry_cache_fills_the_memory_per_document_with_autograd_on(monkeypatch):
+    """A carry cache remembers by itself, autograd on: the gate learns, the memory holds no
+    graph, and a document starting inside a segment reads only its own entries — its logits
+    equal the document read alone with the same cuts (the memory depends on them). Control:
+    without the document test, document 2 reads document 1's entries."""
+    _check_carry()
+    monkeypatch.setattr(knn, "same_document", lambda doc, valid, q: valid[:, None, :].expand(
+        -1, q.shape[1], -1))
+    with pytest.raises(AssertionError):
+        _check_carry()
+
+
+def _check_carry():
+    from blocklab.model.carry import first_documents, run_segments
+
+    torch.manual_seed(10)
+    model = build_model(_cfg(knn_top_k=4, knn_memory=16, pattern=["softmax", "memorizing"]))
+    ids = torch.randint(0, VOCAB, (2, 18))
+    seg = torch.tensor([[1] * 7 + [2] * 11, [4] * 18])
+    cache = model.new_cache(2, 18, carry=True)  # global layers keep every key: a capacity
+    logits = run_segments(model, ids, seg_len=6, cache=cache, segments=seg)
+    logits.square().mean().backward()
+    gate = model.decoder.blocks[1].attn.gate
+    assert gate.grad is not None and gate.grad.abs().sum() > 0
+    state = cache.states[1]
+    assert not state.memory_k.requires_grad and int(state.memory_valid.sum()) == 2 * 16
+    alone = model.new_cache(1, 18, carry=True)
+    parts = []
+    for cut in (slice(7, 12), slice(12, 18)):  # doc 2's tokens of segments 2 and 3
+        sg = seg[:1, cut]
+        alone.enter(first_documents(sg, None, alone))
+        parts.append(model(ids[:1, cut], segments=sg, cache=alone))
+    torch.testing.assert_close(logits[0, 7:], torch.cat(parts, 1)[0], atol=ATOL, rtol=0)
