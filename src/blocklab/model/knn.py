@@ -267,6 +267,7 @@ class Memorizing(SoftmaxAttention):
     #: where a long row is cut into segments changes the outputs (the memory holds the earlier
     #: segments): a carried read equals the full forward only while the memory is empty
     segments_change_outputs = True
+    cross_options = ()  # cross-attention reads softmax's options, not these
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
