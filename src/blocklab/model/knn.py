@@ -197,8 +197,8 @@ def search_faiss(q: Tensor, keys: Tensor, keep: Tensor, k: int) -> tuple[Tensor,
                 found.add(ks[row, head][slots.numpy()])
                 _, at = found.search(qs[row, head][:, queries.numpy()].reshape(-1, d), n)
                 at = torch.from_numpy(at).view(g, -1, n)  # (G, Tq, n), -1 = none
-                idx[row, head, :, queries, :n] = slots[at.clamp(min=0)]
-                ok[row, head, :, queries, :n] = at >= 0
+                idx[row, head][:, queries, :n] = slots[at.clamp(min=0)]  # views: (G, T, k)
+                ok[row, head][:, queries, :n] = at >= 0
     return idx.to(q.device), ok.to(q.device)
 
 
