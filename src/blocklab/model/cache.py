@@ -243,7 +243,12 @@ class DecodeCache:
 
     def reset(self) -> None:
         """Empty the cache in place (same buffers, so a compiled step keeps replaying): every
-        state is zeroed too, so no stale value can reach a masked score as NaN."""
+        state is zeroed too, so no stale value can reach a masked score as NaN. A carry
+        cache empties every row functionally instead (:meth:`reset_rows`)."""
+        if self.carry:
+            self.reset_rows(torch.ones_like(self.seen, dtype=torch.bool))
+            self._length, self.step = 0, None
+            return
         for s in self._all():
             s.reset()
         for book in self.books.values():
