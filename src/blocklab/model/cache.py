@@ -113,6 +113,8 @@ class DecodeCache:
         if static and carry:
             raise ValueError("a carry cache writes its states functionally (autograd across "
                              "segments); static=True (compiled decoding) writes in place")
+        if mem not in ("train", "eval"):
+            raise ValueError(f"new_cache: mem={mem!r}; choose 'train' or 'eval'")
         if capacity is None and not carry:
             raise ValueError("a decode cache needs a capacity (tokens); only a carry cache "
                              "of bounded states may have none")

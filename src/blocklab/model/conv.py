@@ -138,7 +138,12 @@ class ConvState(State):
         self.tail = torch.zeros(batch, taps - 1, d_model, dtype=dtype, device=device)
         if slots is not None:
             self.inputs = torch.zeros(batch, slots, d_model, dtype=dtype, device=device)
-            self.docs = torch.zeros(batch, slots, dtype=torch.long, device=device)  # carry
+        self.docs: Tensor | None = None  # (B, C) each slot's document (carry forwards)
+
+    @property
+    def nbytes(self) -> int:
+        """The values (the slots' document ids are bookkeeping, as the books' are)."""
+        return sum(t.nbytes for k, t in self.tensors().items() if k != "docs")
 
 
 # ------------------------------------------------------------------------------------ mixer
@@ -244,6 +249,9 @@ class GatedConv(Mixer):
             inputs.copy_(torch.where(written, new.to(inputs.dtype), inputs))
         orders = seen[:, None] + torch.arange(t, device=w.device)  # (B, T)
         if step.segments is not None:  # a carry forward: each slot's document id
+            if state.docs is None:
+                state.docs = torch.zeros(state.inputs.shape[:2], dtype=torch.long,
+                                         device=w.device)
             seg = rows.gather(step.segments[..., None])[..., 0]  # (B, T) compacted
             docs = torch.where(written[..., 0], seg.gather(1, slot.clamp(0, t - 1)),
                                state.docs[:, :end])

@@ -74,7 +74,7 @@ class History(Book):
         slots = min(capacity, FIRST_SLOTS)  # grows as it fills (the module docstring)
         self.positions = torch.zeros(batch, slots, dtype=torch.long, device=device)
         self.valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
-        self.segments = torch.zeros(batch, slots, dtype=torch.long, device=device)
+        self.segments: Tensor | None = None  # (B, C) documents, made by a carry forward
         self.has_padding = False
         self.keys: Keys | None = None
         self.start = 0  # this forward's first slot
@@ -82,8 +82,10 @@ class History(Book):
     def begin(self, step: Step) -> None:
         start = int(step.start)
         end = start + step.length
-        for name in ("positions", "valid", "segments"):
-            setattr(self, name, _grown(getattr(self, name), 1, end, self.capacity))
+        if step.segments is not None and self.segments is None:
+            self.segments = torch.zeros_like(self.positions)
+        for name, t in self.tensors().items():
+            setattr(self, name, _grown(t, 1, end, self.capacity))
         self.writable("positions")[:, start:end] = step.positions
         self.writable("valid")[:, start:end] = True if step.real is None else step.real
         if step.segments is not None:  # a carry forward's documents

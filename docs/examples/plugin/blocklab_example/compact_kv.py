@@ -34,7 +34,7 @@ class CompactKVState(State):
         self.k = torch.zeros(batch, capacity, d_head, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
-        self.segments = torch.zeros(batch, capacity, dtype=torch.long, device=device)  # carry
+        self.segments: Tensor | None = None  # (B, C) documents, made by a carry forward
 
     def write(self, step: Step, rows: seqops.Compact, k: Tensor, v: Tensor) -> Keys:
         """This forward's real tokens (k, v (B, T, D), the caller's order) into the slots of
@@ -42,6 +42,8 @@ class CompactKVState(State):
         (written ones valid; a carry forward's: with their documents)."""
         b, c = self.positions.shape
         t = k.shape[1]
+        if step.segments is not None and self.segments is None:
+            self.segments = torch.zeros_like(self.positions)
         slot = torch.arange(c, device=k.device) - step.before[:, None]  # (B, C) new real index
         written = (slot >= 0) & (slot < (step.seen - step.before)[:, None])
         pick = slot.clamp(0, t - 1)
