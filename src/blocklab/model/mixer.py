@@ -66,7 +66,11 @@ scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generic
 state may read: only what its mixer passes it — the forward's
 :class:`~blocklab.model.cache.Step` (``seq.cache.step``: positions, real tokens, token orders,
 real tokens per row before and after, the slots written), the compacted rows of seqops.py, a
-shared book — never an attribute of the cache that holds it. The cache itself
+shared book — never an attribute of the cache that holds it. It writes its tensors only
+through :meth:`Rows.put` / :meth:`Rows.writable`: in place while decoding, functionally in a
+*carry* cache (state carried across training segments with autograd on, model/carry.py;
+docs/extending.md, "the carry contract"), which also detaches, empties rows of and saves
+states generically. The cache itself
 (:class:`~blocklab.model.cache.DecodeCache`) keeps only the token bookkeeping every layer
 shares and one state per layer (plus cross-attention's, :class:`~blocklab.model.kv.CrossKV`).
 
