@@ -30,12 +30,16 @@ CASES = [
     ("softmax-rope-w5g2", tiny(position=PositionConfig(name="rope"), window=5, global_every=2,
                                attention="gqa", style=1)),
 ]
-# attention patterns counting from a document's start: exact with one document per row
+# attention patterns counting from a document's start (positions count a document's tokens)
 PATTERNS = [
     ("sinks", tiny(position=PositionConfig(name="rope"),
                    mixer=MixerConfig(name="softmax", window=3, sinks=2))),
     ("chunk", tiny(position=PositionConfig(name="alibi"),
                    mixer=MixerConfig(name="softmax", attention_chunk=4))),
+    ("chunk-global", tiny(position=PositionConfig(name="rope"), mixer=MixerConfig(
+        name="softmax", attention_chunk=3, global_every=2, sinks=1))),
+    ("global-tokens", tiny(position=PositionConfig(name="rope"), mixer=MixerConfig(
+        name="softmax", window=3, global_tokens=1, learned_sink=True))),
 ]
 IDS = [label for label, _ in CASES]
 
@@ -102,9 +106,10 @@ def test_segments_with_carried_state_equal_the_full_forward(cfg, packed):
     _assert_same(_model(cfg), packed)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
 @pytest.mark.parametrize("cfg", [c for _, c in PATTERNS], ids=[n for n, _ in PATTERNS])
-def test_attention_patterns_carry_one_document_per_row(cfg):
-    _assert_same(_model(cfg), packed=False)
+def test_attention_patterns_carry(cfg, packed):
+    _assert_same(_model(cfg), packed)
 
 
 @pytest.mark.parametrize("cfg", [c for _, c in CASES], ids=IDS)

@@ -23,9 +23,11 @@ segments' weights. The contract, per segment:
 Exactness (tests/model/test_carry.py): segment by segment equals the plain forward over the
 concatenated row — logits and every parameter's gradient — for every decoder mixer, packed
 and padded. Limits: a softmax layer keeping every key (no window) and ``gated_conv``'s long
-filter grow with the document: their carry needs a capacity (the document length); attention
-patterns that count from a document's start (sinks, global tokens, ``attention_chunk``) are
-exact when each document starts at a segment start (one document per row and segment).
+filter grow with the document: their carry needs a capacity (the document length). Attention
+patterns that count from a document's start (sinks, global tokens, ``attention_chunk``) read
+a document's token counts from the positions (which count them in a carry forward) and keep
+each new document's sinks in the ring's sink slots: callers of a carry cache let the model
+derive positions (``positions=None``).
 
 Shape legend: B batch (lanes), T segment tokens, L row tokens.
 """

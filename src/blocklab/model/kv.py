@@ -139,10 +139,12 @@ class Ring(Book):
         self.pending = None
         n = self.sinks
         if self.slots or n:  # the last S real tokens (and sinks) go to the ring, after attention
-            keep = real & ((q_order >= step.seen[:, None] - self.slots) | (q_order < n))
+            # sinks: the first n of the row, or of each document (a carry forward: positions)
+            doc = q_order if step.segments is None else positions
+            keep = real & ((q_order >= step.seen[:, None] - self.slots) | (doc < n))
             rows, cols = keep.nonzero(as_tuple=True)
-            order = q_order[rows, cols]
-            slots = torch.where(order < n, order, n + (order - n) % max(self.slots, 1))
+            order, first = q_order[rows, cols], doc[rows, cols]
+            slots = torch.where(first < n, first, n + (order - n) % max(self.slots, 1))
             self.pending = (rows, cols, slots)
             self.writable("positions")[rows, slots] = positions[rows, cols]
             self.writable("order")[rows, slots] = order

@@ -186,8 +186,9 @@ class Sequence:
             **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
             bias=self.position.score_bias(self.positions, keys.positions), window=window,
             q_order=keys.q_order, k_order=keys.order, q_marked=self.marked,
-            k_marked=keys.marked, q_segments=None if keys.segments is None else self.segments,
-            k_segments=keys.segments)
+            k_marked=keys.marked, **({} if keys.segments is None else {  # a carry forward's:
+                "q_segments": self.segments, "k_segments": keys.segments,  # positions count
+                "q_doc": self.positions, "k_doc": keys.positions}))  # a document's tokens
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """``make()``, built once per forward under ``key`` and shared by every layer (the
