@@ -40,6 +40,10 @@ PATTERNS = [
         name="softmax", attention_chunk=3, global_every=2, sinks=1))),
     ("global-tokens", tiny(position=PositionConfig(name="rope"), mixer=MixerConfig(
         name="softmax", window=3, global_tokens=1, learned_sink=True))),
+    ("random-blocks", tiny(position=PositionConfig(name="rope"), mixer=MixerConfig(
+        name="softmax", window=3, random_blocks=1, block_size=2, sinks=1))),
+    ("marked-id", tiny(position=PositionConfig(name="rope"), mixer=MixerConfig(
+        name="softmax", window=3, global_token_id=3))),
 ]
 IDS = [label for label, _ in CASES]
 
