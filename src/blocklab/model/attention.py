@@ -168,7 +168,7 @@ class SoftmaxAttention(Mixer):
                 self.random and seq.segments is not None):  # packed random blocks: dense
             o = self._banded(q, k, v, seq)
             if state is not None:  # prefill: the ring still keeps this forward's last keys
-                check_no_grad(k)
+                check_no_grad(k, seq.cache)
                 book = seq.cache.book(state.key)
                 state.write(book, k.transpose(1, 2), v.transpose(1, 2))
                 if self.marks:  # and the marks of those keys
@@ -178,7 +178,7 @@ class SoftmaxAttention(Mixer):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, D)
         if state is None:
             return self.out(_merge(_sdpa(self, q, k, v, seq.visibility(self.window))))
-        check_no_grad(k)
+        check_no_grad(k, seq.cache)
         book = seq.cache.book(state.key)  # the keys' positions / validity / orders (kv.py)
         k, v = state.write(book, k, v)  # (B, Hkv, Tk, D)
         if self.marks:  # the marks of every key, kept beside them

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from blocklab.model.masks import token_order
-from blocklab.model.mixer import State
+from blocklab.model.mixer import Rows, State
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,9 @@ class Step:
     before: Tensor  # (B,) real tokens per row before this forward
     seen: Tensor  # (B,) real tokens per row after it
     start: int | Tensor  # first slot written: an int (growing), the 0-d write index (static)
-    capacity: int
+    capacity: int | None  # None: a carry cache of bounded states (no "cache full")
     static: bool
+    segments: Tensor | None = None  # (B, T) document ids (a carry cache's forward)
 
     @property
     def length(self) -> int:
@@ -61,19 +62,15 @@ class Step:
         return self.start + torch.arange(self.length, device=self.positions.device)
 
 
-class Book:
+class Book(Rows):
     """Bookkeeping several layers' states share (made once per key, updated once per
-    forward): per-row tensors (dim 0 = rows) copied by ``select`` and zeroed by ``reset``;
-    the attributes named in ``transient`` hold what one forward computed and are dropped."""
-
-    transient: tuple[str, ...] = ()
+    forward): per-row tensors (dim 0 = rows) copied by ``select``, zeroed by ``reset``, and
+    written, emptied by row, detached and saved as a state's (:class:`~blocklab.model.mixer.
+    Rows`); the attributes named in ``transient`` hold what one forward computed and are
+    dropped."""
 
     def begin(self, step: Step) -> None:
         raise NotImplementedError
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {k: v for k, v in vars(self).items()
-                if isinstance(v, Tensor) and k not in self.transient}
 
     def forget(self) -> None:
         for name in self.transient:
@@ -103,15 +100,29 @@ class DecodeCache:
     the books and cross-attention states beside them (see the module docstring).
 
     The states are written in place, so decoding runs without autograd (``torch.no_grad`` or
-    ``torch.inference_mode``); a forward with gradients on is refused."""
+    ``torch.inference_mode``); a forward with gradients on is refused. A *carry* cache
+    (``carry=True``; model/carry.py) writes them functionally instead: it carries the state
+    of long documents from one training segment to the next with autograd on (see
+    :meth:`enter`, :meth:`detach`, :meth:`reset_rows`, :meth:`state_dict`)."""
 
-    def __init__(self, states: list[State | None], *, batch: int, capacity: int,
+    def __init__(self, states: list[State | None], *, batch: int, capacity: int | None,
                  device: torch.device | str, static: bool = False,
                  signature: tuple[Any, ...] = (),
-                 cross: list[State | None] | None = None) -> None:
+                 cross: list[State | None] | None = None, carry: bool = False,
+                 mem: str = "train") -> None:
+        if static and carry:
+            raise ValueError("a carry cache writes its states functionally (autograd across "
+                             "segments); static=True (compiled decoding) writes in place")
+        if mem not in ("train", "eval"):
+            raise ValueError(f"new_cache: mem={mem!r}; choose 'train' or 'eval'")
+        if capacity is None and not carry:
+            raise ValueError("a decode cache needs a capacity (tokens); only a carry cache "
+                             "of bounded states may have none")
         self.states = states
         self.cross = cross if cross is not None else [None] * len(states)
         self.batch, self._capacity, self.static = batch, capacity, static
+        #: a carry cache (functional writes, autograd on); ``mem``: "train" or "eval" sizes
+        self.carry, self.mem = carry, mem
         self.signature = signature  # what the stack checks it was made for
         self.books: dict[Hashable, Book] = {}
         for s in self._all():
@@ -122,6 +133,13 @@ class DecodeCache:
         self.next_position = torch.zeros(batch, dtype=torch.long, device=device)
         self.step: Step | None = None  # this forward's tokens (after begin)
         self._length = 0
+        #: each row's last document id (-1: none yet; a carry cache's :meth:`enter`)
+        self.last_doc = torch.full((batch,), -1, dtype=torch.long, device=device)
+        self.memory: Tensor | None = None  # a carried memory beside the states (RMT's tokens)
+        self.aux_loss: Tensor | None = None  # an auxiliary loss of the last forward
+        if carry:
+            for rows in (*self._all(), *self.books.values()):
+                rows.functional = True
         if static:
             self.index = torch.zeros((), dtype=torch.long, device=device)  # next slot to write
             self._mark()
@@ -138,7 +156,7 @@ class DecodeCache:
             _mark_static(list(book.tensors().values()))
 
     @property
-    def capacity(self) -> int:
+    def capacity(self) -> int | None:
         return self._capacity
 
     @property
@@ -157,12 +175,14 @@ class DecodeCache:
         """The shared book ``key`` (a state named it in ``State.books``)."""
         return self.books[key]
 
-    def begin(self, positions: Tensor, valid: Tensor | None) -> Step:
-        """Record this forward's new tokens (positions, validity) in the shared bookkeeping
-        and the books, before any layer runs; returns (and keeps, ``step``) their
-        :class:`Step`."""
+    def begin(self, positions: Tensor, valid: Tensor | None,
+              segments: Tensor | None = None) -> Step:
+        """Record this forward's new tokens (positions, validity; a carry cache's: document
+        ids) in the shared bookkeeping and the books, before any layer runs; returns (and
+        keeps, ``step``) their :class:`Step`."""
         b, t = positions.shape
-        if not self.static and self._length + t > self.capacity:
+        if self.capacity is not None and not self.static and \
+                self._length + t > self.capacity:
             raise ValueError(f"KV cache full: {self._length + t} tokens > capacity "
                              f"{self.capacity}")
         if self.static and not torch.compiler.is_compiling() and \
@@ -171,7 +191,9 @@ class DecodeCache:
                              f"{self.capacity}")
         real = None if valid is None else valid.bool()
         ends = positions + 1 if real is None else torch.where(real, positions + 1, 0)
-        if self.static:
+        if self.carry:  # after each row's last real token (positions restart per document)
+            self._carry_begin(positions, real, segments)
+        elif self.static:
             self.next_position.copy_(torch.maximum(self.next_position, ends.amax(-1)))
         else:
             self.next_position = torch.maximum(self.next_position, ends.amax(-1))
@@ -184,7 +206,7 @@ class DecodeCache:
             self.seen = self.seen + n_real
         self.step = Step(positions=positions, real=real, order=order, before=before,
                          seen=self.seen, start=self.index if self.static else self._length,
-                         capacity=self.capacity, static=self.static)
+                         capacity=self.capacity, static=self.static, segments=segments)
         for book in self.books.values():
             book.begin(self.step)
         return self.step
@@ -214,6 +236,7 @@ class DecodeCache:
         new.books = {k: b.select(rows) for k, b in self.books.items()}
         new.seen = self.seen.index_select(0, rows)
         new.next_position = self.next_position.index_select(0, rows)
+        new.last_doc = self.last_doc.index_select(0, rows)
         new.step = None
         if self.static:
             new.index = self.index.clone()
@@ -222,22 +245,94 @@ class DecodeCache:
 
     def reset(self) -> None:
         """Empty the cache in place (same buffers, so a compiled step keeps replaying): every
-        state is zeroed too, so no stale value can reach a masked score as NaN."""
+        state is zeroed too, so no stale value can reach a masked score as NaN. A carry
+        cache empties every row functionally instead (:meth:`reset_rows`)."""
+        if self.carry:
+            self.reset_rows(torch.ones_like(self.seen, dtype=torch.bool))
+            self._length, self.step = 0, None
+            return
         for s in self._all():
             s.reset()
         for book in self.books.values():
             book.reset()
         self.seen.zero_()
         self.next_position.zero_()
+        self.last_doc.fill_(-1)
         if self.static:
             self.index.zero_()
         self._length = 0
         self.step = None
 
+    # ------------------------------------------------------------------ carry (model/carry.py)
 
-def check_no_grad(t: Tensor) -> None:
-    """Decode states are written in place: refuse a forward that would need gradients."""
-    if t.requires_grad:
+    def _carry_begin(self, positions: Tensor, real: Tensor | None,
+                     segments: Tensor | None) -> None:
+        """A carry forward: each row's next position and last document are its last real
+        token's (rows without one keep theirs)."""
+        idx = torch.arange(positions.shape[1], device=positions.device).expand_as(positions)
+        last = idx[:, -1] if real is None else torch.where(real, idx, -1).amax(-1)
+        has = last >= 0
+        at = last.clamp(min=0)[:, None]
+        self.next_position = torch.where(has, positions.gather(1, at)[:, 0] + 1,
+                                         self.next_position)
+        doc = torch.zeros_like(last) if segments is None else segments.gather(1, at)[:, 0]
+        self.last_doc = torch.where(has, doc, self.last_doc)  # no segments: one document
+
+    def enter(self, doc_first: Tensor) -> Tensor:
+        """Before a carry forward: ``doc_first`` (B,) int64, the lane-global document id of
+        each row's first token in the coming segment. Rows whose id differs from the last one
+        they saw (or that saw nothing yet) are emptied (:meth:`reset_rows`); returns the (B,)
+        bool rows that continue."""
+        continues = (doc_first.to(self.last_doc.device) == self.last_doc) & (self.seen > 0)
+        self.reset_rows(~continues)
+        return continues
+
+    def reset_rows(self, rows: Tensor) -> None:
+        """Empty rows ``rows`` ((B,) bool) of every state, book and the bookkeeping,
+        functionally (the other rows keep their values and their autograd history)."""
+        if not bool(rows.any()):
+            return
+        for r in (*self._all(), *self.books.values()):
+            r.reset_rows(rows)
+        zero = torch.zeros((), dtype=torch.long, device=self.seen.device)
+        self.seen = torch.where(rows, zero, self.seen)
+        self.next_position = torch.where(rows, zero, self.next_position)
+        self.last_doc = torch.where(rows, zero - 1, self.last_doc)
+
+    def detach(self) -> None:
+        """Cut autograd's graph at every carried value (truncated backpropagation through
+        time: the next segment's gradient stops here)."""
+        for r in (*self._all(), *self.books.values()):
+            r.detach()
+        if self.memory is not None:
+            self.memory = self.memory.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the carry holds — the bookkeeping, every state and book — as tensors,
+        plain values, lists and dicts (a checkpoint loads it with ``weights_only``)."""
+        return {"seen": self.seen, "next_position": self.next_position,
+                "last_doc": self.last_doc, "length": self._length, "memory": self.memory,
+                "states": [None if s is None else s.state_dict() for s in self.states],
+                "books": [b.state_dict() for b in self.books.values()]}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` into this cache (made for the same model and batch)."""
+        dev = self.seen.device
+        self.seen, self.next_position = sd["seen"].to(dev), sd["next_position"].to(dev)
+        self.last_doc, self._length = sd["last_doc"].to(dev), int(sd["length"])
+        self.memory = None if sd["memory"] is None else sd["memory"].to(dev)
+        for s, d in zip(self.states, sd["states"], strict=True):
+            if s is not None:
+                s.load_state_dict(d)
+        for b, d in zip(self.books.values(), sd["books"], strict=True):
+            b.load_state_dict(d)
+        self.step = None
+
+
+def check_no_grad(t: Tensor, cache: DecodeCache | None = None) -> None:
+    """Decode states are written in place: refuse a forward that would need gradients
+    (a carry cache, ``cache.carry``, writes functionally: allowed)."""
+    if t.requires_grad and not (cache is not None and cache.carry):
         raise RuntimeError("KV cache: decoding with a cache needs gradients off; wrap the loop "
                            "in torch.no_grad() or torch.inference_mode() (generate() does); to "
                            "train, call the model without cache=")

@@ -138,6 +138,12 @@ class ConvState(State):
         self.tail = torch.zeros(batch, taps - 1, d_model, dtype=dtype, device=device)
         if slots is not None:
             self.inputs = torch.zeros(batch, slots, d_model, dtype=dtype, device=device)
+        self.docs: Tensor | None = None  # (B, C) each slot's document (carry forwards)
+
+    @property
+    def nbytes(self) -> int:
+        """The values (the slots' document ids are bookkeeping, as the books' are)."""
+        return sum(t.nbytes for k, t in self.tensors().items() if k != "docs")
 
 
 # ------------------------------------------------------------------------------------ mixer
@@ -193,7 +199,7 @@ class GatedConv(Mixer):
             c = self._convolve(u, rows)
         else:
             assert isinstance(state, ConvState) and seq.cache is not None
-            check_no_grad(u)
+            check_no_grad(u, seq.cache)
             c = self._decode(u, seq.cache.step, state, rows)
         c = rows.scatter(c)  # back to the caller's token order
         return self.out(gate(g, c.to(g.dtype)))
@@ -218,14 +224,17 @@ class GatedConv(Mixer):
     def _decode(self, u: Tensor, step: Step, state: ConvState, rows: seqops.Compact) -> Tensor:
         """A forward of T new tokens continuing the state (prefill chunk or step)."""
         w, tail = self._short(u, rows, state.tail)
-        state.tail.copy_(tail)  # the last k - 1 real inputs
+        state.put("tail", tail)  # the last k - 1 real inputs
         if self.long is None:
             return w
-        return self._decode_long(w, step, state)
+        return self._decode_long(w, step, state, rows)
 
-    def _decode_long(self, w: Tensor, step: Step, state: ConvState) -> Tensor:
+    def _decode_long(self, w: Tensor, step: Step, state: ConvState,
+                     rows: seqops.Compact) -> Tensor:
         """Write this forward's real long-filter inputs at their orders (fixed shapes, in
-        place), then convolve the buffer: directly for one token (O(C · d)), else by FFT."""
+        place; rebound in a carry cache), then convolve the buffer: directly for one token
+        (O(C · d)), else by FFT — or directly, each token over its own document's slots,
+        when a carry cache holds two documents in a row (packed rows)."""
         b, t, d = w.shape
         seen, n_real = step.before, step.seen - step.before  # (B,) real tokens before, new
         end = step.end  # slots that may be used
@@ -233,8 +242,23 @@ class GatedConv(Mixer):
         written = ((slot >= 0) & (slot < n_real[:, None]))[..., None]
         new = w.gather(1, slot.clamp(0, t - 1)[..., None].expand(b, end, d))
         inputs = state.inputs[:, :end]  # (B, end, d), a view: written in place
-        inputs.copy_(torch.where(written, new.to(inputs.dtype), inputs))
+        if state.functional:
+            inputs = torch.where(written, new.to(inputs.dtype), inputs)
+            state.inputs = torch.cat((inputs, state.inputs[:, end:]), 1)
+        else:
+            inputs.copy_(torch.where(written, new.to(inputs.dtype), inputs))
         orders = seen[:, None] + torch.arange(t, device=w.device)  # (B, T)
+        if step.segments is not None:  # a carry forward: each slot's document id
+            if state.docs is None:
+                state.docs = torch.zeros(state.inputs.shape[:2], dtype=torch.long,
+                                         device=w.device)
+            seg = rows.gather(step.segments[..., None])[..., 0]  # (B, T) compacted
+            docs = torch.where(written[..., 0], seg.gather(1, slot.clamp(0, t - 1)),
+                               state.docs[:, :end])
+            state.docs = torch.cat((docs, state.docs[:, end:]), 1)
+            held = torch.arange(end, device=w.device) < step.seen[:, None]  # (B, end)
+            if bool(((docs != docs[:, :1]) & held).any()):  # the slots hold two documents
+                return _packed_decode(self.long, state.inputs[:, :end], seg, docs, orders)
         if t > 1:
             y = fft_conv(inputs, self.long)  # (B, end, d)
             return y.gather(1, orders.clamp(max=end - 1)[..., None].expand(b, t, d))
@@ -246,6 +270,10 @@ class GatedConv(Mixer):
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
+        if self.long is not None and capacity is None:
+            raise ValueError("gated_conv with long_conv keeps every input (it grows with the "
+                             "context): make its carry cache with a capacity (the document "
+                             "length)")
         return ConvState(batch, self.short.shape[1], None if self.long is None else capacity,
                          self.short.shape[0], dtype=dtype, device=device)
 
@@ -298,3 +326,15 @@ def _decaying_(f: Tensor, scale: float) -> None:
     tau = torch.logspace(0, math.log10(max(n, 1)), d, device=f.device)  # (d,)
     f.normal_().mul_(torch.exp(-torch.arange(n, device=f.device) / tau[:, None]))
     f.mul_(scale / f.norm(dim=1, keepdim=True).clamp(min=1e-6))
+
+
+def _packed_decode(long: Tensor, inputs: Tensor, seg: Tensor, docs: Tensor,
+                   orders: Tensor) -> Tensor:
+    """A carry forward in which a document starts: each token (its document ``seg`` (B, T),
+    its order) convolves the slots ``inputs`` (B, C, d) of its own document (``docs`` (B, C))
+    directly, O(T · C · d)."""
+    n, end = long.shape[1], inputs.shape[1]
+    lag = orders[:, :, None] - torch.arange(end, device=inputs.device)  # (B, T, C)
+    ok = (lag >= 0) & (lag < n) & (seg[:, :, None] == docs[:, None, :])
+    taps = long.float().t()[lag.clamp(0, n - 1)] * ok[..., None]  # (B, T, C, d)
+    return torch.einsum("btsd,bsd->btd", taps, inputs.float())

@@ -53,6 +53,14 @@ def _grown(t: Tensor, dim: int, end: int, capacity: int) -> Tensor:
     return new
 
 
+def _bounded(capacity: int | None) -> int:
+    """A growing buffer's capacity: a carry cache of every key needs one (one line)."""
+    if capacity is None:
+        raise ValueError("a softmax layer that keeps every key (no window) grows with the "
+                         "context: make its carry cache with a capacity (the document length)")
+    return capacity
+
+
 # ------------------------------------------------------------------------------- key books
 
 
@@ -62,10 +70,11 @@ class History(Book):
     transient = ("keys", "start")
 
     def __init__(self, batch: int, capacity: int, device: torch.device | str) -> None:
-        self.capacity = capacity
+        self.capacity = _bounded(capacity)
         slots = min(capacity, FIRST_SLOTS)  # grows as it fills (the module docstring)
         self.positions = torch.zeros(batch, slots, dtype=torch.long, device=device)
         self.valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
+        self.segments: Tensor | None = None  # (B, C) documents, made by a carry forward
         self.has_padding = False
         self.keys: Keys | None = None
         self.start = 0  # this forward's first slot
@@ -73,14 +82,19 @@ class History(Book):
     def begin(self, step: Step) -> None:
         start = int(step.start)
         end = start + step.length
-        self.positions = _grown(self.positions, 1, end, self.capacity)
-        self.valid = _grown(self.valid, 1, end, self.capacity)
-        self.positions[:, start:end] = step.positions
-        self.valid[:, start:end] = True if step.real is None else step.real
+        if step.segments is not None and self.segments is None:
+            self.segments = torch.zeros_like(self.positions)
+        for name, t in self.tensors().items():
+            setattr(self, name, _grown(t, 1, end, self.capacity))
+        self.writable("positions")[:, start:end] = step.positions
+        self.writable("valid")[:, start:end] = True if step.real is None else step.real
+        if step.segments is not None:  # a carry forward's documents
+            self.writable("segments")[:, start:end] = step.segments
         if step.real is not None and not self.has_padding:
             self.has_padding = not bool(step.real.all())
         self.start = start
-        self.keys = Keys(self.positions[:, :end], self.valid[:, :end] if self.has_padding else None)
+        self.keys = Keys(self.positions[:, :end], self.valid[:, :end] if self.has_padding else None,
+                         segments=None if step.segments is None else self.segments[:, :end])
 
     def forget(self) -> None:
         self.keys, self.start = None, 0
@@ -88,6 +102,10 @@ class History(Book):
     def reset(self) -> None:
         super().reset()
         self.has_padding = False
+
+    def reset_rows(self, rows: Tensor) -> None:
+        super().reset_rows(rows)
+        self.has_padding = True  # the emptied rows' slots are invalid from now on
 
 
 class Ring(Book):
@@ -106,6 +124,7 @@ class Ring(Book):
         self.positions = torch.zeros(batch, total, dtype=torch.long, device=device)
         self.order = torch.zeros(batch, total, dtype=torch.long, device=device)
         self.valid = torch.zeros(batch, total, dtype=torch.bool, device=device)
+        self.segments = torch.zeros(batch, total, dtype=torch.long, device=device)
         self.keys: Keys | None = None
         self.pending: tuple[Tensor, Tensor, Tensor] | None = None
 
@@ -114,18 +133,24 @@ class Ring(Book):
         real = torch.ones_like(positions, dtype=torch.bool) if step.real is None else step.real
         self.keys = Keys(torch.cat((self.positions, positions), 1),
                          torch.cat((self.valid, real), 1),
-                         torch.cat((self.order, q_order), 1), q_order)
+                         torch.cat((self.order, q_order), 1), q_order,
+                         segments=None if step.segments is None
+                         else torch.cat((self.segments, step.segments), 1))
         self.pending = None
         n = self.sinks
         if self.slots or n:  # the last S real tokens (and sinks) go to the ring, after attention
-            keep = real & ((q_order >= step.seen[:, None] - self.slots) | (q_order < n))
+            # sinks: the first n of the row, or of each document (a carry forward: positions)
+            doc = q_order if step.segments is None else positions
+            keep = real & ((q_order >= step.seen[:, None] - self.slots) | (doc < n))
             rows, cols = keep.nonzero(as_tuple=True)
-            order = q_order[rows, cols]
-            slots = torch.where(order < n, order, n + (order - n) % max(self.slots, 1))
+            order, first = q_order[rows, cols], doc[rows, cols]
+            slots = torch.where(first < n, first, n + (order - n) % max(self.slots, 1))
             self.pending = (rows, cols, slots)
-            self.positions[rows, slots] = positions[rows, cols]
-            self.order[rows, slots] = order
-            self.valid[rows, slots] = True
+            self.writable("positions")[rows, slots] = positions[rows, cols]
+            self.writable("order")[rows, slots] = order
+            self.writable("valid")[rows, slots] = True
+            if step.segments is not None:
+                self.writable("segments")[rows, slots] = step.segments[rows, cols]
 
 
 class Fixed(Book):
@@ -157,13 +182,15 @@ def ring_slots(window: int | Pattern, capacity: int) -> int:
     """Ring slots a local layer keeps: every key a later query's window (or chunk) can still
     reach, sinks aside."""
     back = window.back() if isinstance(window, Pattern) else window - 1
-    return min(back, capacity)
+    return back if capacity is None else min(back, capacity)
 
 
 def sink_slots(window: int | Pattern, capacity: int) -> int:
     """Slots a local layer keeps for its attention sinks and global tokens (the first real
     tokens: decoding is causal, where global tokens see only each other)."""
-    return min(window.kept, capacity) if isinstance(window, Pattern) else 0
+    if not isinstance(window, Pattern):
+        return 0
+    return window.kept if capacity is None else min(window.kept, capacity)
 
 
 # ---------------------------------------------------------------------------- decode states
@@ -177,7 +204,7 @@ class KVState(State):
 
     def __init__(self, batch: int, n_kv_heads: int, capacity: int, d_head: int, *,
                  dtype: torch.dtype, device: torch.device | str, marks: bool = False) -> None:
-        self.capacity = capacity
+        self.capacity = _bounded(capacity)
         slots = min(capacity, FIRST_SLOTS)
         self.k = torch.zeros(batch, n_kv_heads, slots, d_head, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)  # (B, Hkv, C, D)
@@ -188,15 +215,15 @@ class KVState(State):
         """Keep this forward's marks (B, T) beside its keys: (B, Tk) the marks of every key."""
         start, end = book.start, book.start + marked.shape[1]
         self.marked = _grown(self.marked, 1, end, self.capacity)
-        self.marked[:, start:end] = marked
+        self.writable("marked")[:, start:end] = marked
         return self.marked[:, :end]
 
     def write(self, book: History, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         start, end = book.start, book.start + k.shape[2]
         self.k = _grown(self.k, 2, end, self.capacity)
         self.v = _grown(self.v, 2, end, self.capacity)
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
+        self.writable("k")[:, :, start:end] = k
+        self.writable("v")[:, :, start:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, Tk, D)
 
 
@@ -218,8 +245,8 @@ class RingState(State):
         keys, values = torch.cat((self.k, k), 2), torch.cat((self.v, v), 2)  # (B, Hkv, S+T, D)
         if book.pending is not None:  # after the copy above: this forward still sees the ring
             rows, cols, slots = book.pending
-            self.k[rows, :, slots] = k[rows, :, cols]
-            self.v[rows, :, slots] = v[rows, :, cols]
+            self.writable("k")[rows, :, slots] = k[rows, :, cols]
+            self.writable("v")[rows, :, slots] = v[rows, :, cols]
         return keys, values
 
 

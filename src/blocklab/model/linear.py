@@ -218,9 +218,9 @@ class LinearState(State):
         return torch.cat((self.s, self.z[..., None]), -1)  # (B, Hkv, F, V1)
 
     def write(self, after: Tensor) -> None:
-        """In place (the same buffers at every step: compiled decoding)."""
-        self.s.copy_(after[..., :-1])
-        self.z.copy_(after[..., -1])
+        """In place (compiled decoding), rebound in a carry cache (``Rows.put``)."""
+        self.put("s", after[..., :-1])
+        self.put("z", after[..., -1])
 
 
 # ------------------------------------------------------------------------------------ mixer
@@ -291,7 +291,7 @@ class LinearAttention(Mixer):
         docs = None if starts is None else starts.long().cumsum(-1)  # (B, T) document index
         if state is not None:
             assert isinstance(state, LinearState) and self.causal
-            check_no_grad(x)
+            check_no_grad(x, seq.cache)
         if self.training and self.favor is not None and self.favor.redraw_every:
             self.favor.count_forward()
         if self.conv is not None:  # over real tokens, compacted (seqops)
@@ -300,7 +300,7 @@ class LinearAttention(Mixer):
                                         rows, tail=None if state is None else state.tail)
             x = rows.scatter(y)
             if state is not None:
-                state.tail.copy_(tail)
+                state.put("tail", tail)
         q, k, v = self._project(x)  # (B, Hkv, g, T, E), (B, Hkv, T, E), (B, Hkv, T, V1)
         if self.causal and state is not None:
             o, after = chunked_attention(q, k, v, docs, real, self.chunk, self.phi,

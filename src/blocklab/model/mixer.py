@@ -66,7 +66,11 @@ scoring copies rows), ``reset()`` (in place) and ``nbytes`` work on them generic
 state may read: only what its mixer passes it — the forward's
 :class:`~blocklab.model.cache.Step` (``seq.cache.step``: positions, real tokens, token orders,
 real tokens per row before and after, the slots written), the compacted rows of seqops.py, a
-shared book — never an attribute of the cache that holds it. The cache itself
+shared book — never an attribute of the cache that holds it. It writes its tensors only
+through :meth:`Rows.put` / :meth:`Rows.writable`: in place while decoding, functionally in a
+*carry* cache (state carried across training segments with autograd on, model/carry.py;
+docs/extending.md, "the carry contract"), which also detaches, empties rows of and saves
+states generically. The cache itself
 (:class:`~blocklab.model.cache.DecodeCache`) keeps only the token bookkeeping every layer
 shares and one state per layer (plus cross-attention's, :class:`~blocklab.model.kv.CrossKV`).
 
@@ -110,6 +114,7 @@ class Keys:
     order: Tensor | None = None  # (B, Tk): set, causality (and windows) go by token order
     q_order: Tensor | None = None  # (B, T) the new tokens' orders (with ``order``)
     marked: Tensor | None = None  # (B, Tk) bool: keys marked global (``global_token_id``)
+    segments: Tensor | None = None  # (B, Tk) document ids of the keys (a carry cache's)
 
 
 @dataclass
@@ -124,6 +129,8 @@ class Sequence:
     rotary: tuple[Tensor, Tensor] | None = None  # (cos, sin) of the rotary scheme
     cache: DecodeCache | None = None  # decoding: shared token bookkeeping + layer states
     marked: Tensor | None = None  # (B, T) bool: tokens of softmax's global_token_id
+    #: a carry cache's forward: each row's first document continues the carried state
+    carried: bool = False
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -141,8 +148,13 @@ class Sequence:
         there), or None without packing. Padding never starts one."""
         if self.segments is None:
             return None
-        return self.memo("starts", lambda: masks.document_starts(self.segments,
-                                                                      self.valid))
+        return self.memo("starts", self._starts)
+
+    def _starts(self) -> Tensor:
+        starts = masks.document_starts(self.segments, self.valid)
+        if self.carried:  # the first document continues the state (or it was reset: zeros)
+            starts = starts & (starts.long().cumsum(-1) > 1)
+        return starts
 
     def visibility(self, window: int | None = None, keys: Keys | None = None, *,
                    share: Hashable | None = None) -> masks.Visibility:
@@ -174,7 +186,9 @@ class Sequence:
             **common, k_len=keys.positions.shape[1], key_valid=keys.valid,
             bias=self.position.score_bias(self.positions, keys.positions), window=window,
             q_order=keys.q_order, k_order=keys.order, q_marked=self.marked,
-            k_marked=keys.marked)
+            k_marked=keys.marked, **({} if keys.segments is None else {  # a carry forward's:
+                "q_segments": self.segments, "k_segments": keys.segments,  # positions count
+                "q_doc": self.positions, "k_doc": keys.positions}))  # a document's tokens
 
     def memo(self, key: Any, make: Callable[[], Any]) -> Any:
         """``make()``, built once per forward under ``key`` and shared by every layer (the
@@ -184,17 +198,76 @@ class Sequence:
         return self._memo[key]
 
 
-class State:
-    """A layer's decode state: named tensors whose dim 0 is the batch (rows), updated in
-    place by its mixer. Subclasses add the logic. A state reads only what its mixer passes
-    it (the forward's ``Step``, a book), never the cache that holds it. ``books``: the shared
-    bookkeeping it relies on, key -> constructor ``(batch, capacity, device) -> Book``
-    (cache.py makes each key once per cache; softmax's key books: kv.py); none by default."""
+class Rows:
+    """Named per-row tensors (dim 0 = rows) and how they are written, copied, reset and saved:
+    the base of :class:`State` and of the cache's books. Attributes named in ``transient``
+    hold what one forward computed and are neither copied nor saved.
 
-    books: Mapping[Hashable, Callable[..., Book]] = MappingProxyType({})
+    **Writes.** Decoding writes in place (the same buffers at every step: compiled decoding).
+    A carry cache (``Model.new_cache(batch, None, carry=True)``: state carried across training
+    segments, autograd on) sets ``functional``: every write then rebinds a new tensor instead,
+    so autograd sees each version. A state writes only through :meth:`put` (a whole tensor)
+    and :meth:`writable` (a tensor about to take index writes: a clone, rebound, when
+    functional)."""
+
+    transient: tuple[str, ...] = ()
+    #: writes rebind new tensors (a carry cache: autograd-safe) instead of copying in place
+    functional: bool = False
 
     def tensors(self) -> dict[str, Tensor]:
-        return {k: v for k, v in vars(self).items() if isinstance(v, Tensor)}
+        return {k: v for k, v in vars(self).items()
+                if isinstance(v, Tensor) and k not in self.transient}
+
+    def put(self, name: str, value: Tensor) -> None:
+        """Set tensor ``name`` to ``value``: rebound when functional, copied in place else."""
+        if self.functional:
+            setattr(self, name, value)
+        else:
+            getattr(self, name).copy_(value)
+
+    def writable(self, name: str) -> Tensor:
+        """Tensor ``name``, ready for index writes: itself (in place), or when functional a
+        clone rebound under the name (earlier readers keep the version they read)."""
+        t = getattr(self, name)
+        if self.functional:
+            t = t.clone()
+            setattr(self, name, t)
+        return t
+
+    def detach(self) -> None:
+        """Cut autograd's graph at the current values (truncated backpropagation)."""
+        for name, t in self.tensors().items():
+            setattr(self, name, t.detach())
+
+    def reset_rows(self, rows: Tensor) -> None:
+        """Rows ``rows`` ((B,) bool) emptied (zeroed), the others kept: functionally."""
+        for name, t in self.tensors().items():
+            keep = (~rows).view(-1, *(1,) * (t.dim() - 1))
+            setattr(self, name, torch.where(keep, t, torch.zeros((), dtype=t.dtype,
+                                                                  device=t.device)))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The tensors and plain values (ints, floats, bools) that make up the rows."""
+        return {k: v for k, v in vars(self).items() if k not in self.transient
+                and k != "functional" and isinstance(v, (Tensor, bool, int, float))}
+
+    def load_state_dict(self, sd: Mapping[str, Any]) -> None:
+        for k, v in sd.items():
+            old = getattr(self, k, None)
+            if isinstance(v, Tensor) and isinstance(old, Tensor):
+                v = v.to(device=old.device, dtype=old.dtype)
+            setattr(self, k, v)
+
+
+class State(Rows):
+    """A layer's decode state: named tensors whose dim 0 is the batch (rows), updated in
+    place by its mixer (or functionally in a carry cache: :class:`Rows`). Subclasses add the
+    logic. A state reads only what its mixer passes it (the forward's ``Step``, a book), never
+    the cache that holds it. ``books``: the shared bookkeeping it relies on, key ->
+    constructor ``(batch, capacity, device) -> Book`` (cache.py makes each key once per cache;
+    softmax's key books: kv.py); none by default."""
+
+    books: Mapping[Hashable, Callable[..., Book]] = MappingProxyType({})
 
     @property
     def nbytes(self) -> int:

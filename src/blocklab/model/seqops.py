@@ -38,6 +38,7 @@ class Compact:
     real: Tensor | None  # (B, T) bool, compacted: the first ``count`` slots; None: no padding
     docs: Tensor | None  # (B, T) document ids, compacted (runs; padding -1); None: no packing
     count: Tensor | None  # (B,) real tokens per row; None: every token is real
+    carried: bool = False  # a carry forward: the tail belongs to the first document (id 0)
 
     def gather(self, x: Tensor) -> Tensor:
         """(B, T, ...) in the caller's order -> compacted."""
@@ -54,9 +55,11 @@ class Compact:
         return torch.empty_like(y).scatter_(1, idx.expand_as(y), y)
 
 
-def compact_rows(valid: Tensor | None, starts: Tensor | None) -> Compact:
+def compact_rows(valid: Tensor | None, starts: Tensor | None, *,
+                 carried: bool = False) -> Compact:
     """:class:`Compact` of rows with real tokens ``valid`` (B, T) (None: all) and document
-    starts ``starts`` (B, T) bool (None: one document per row; padding never starts one)."""
+    starts ``starts`` (B, T) bool (None: one document per row; padding never starts one);
+    ``carried``: a carry forward's (the decode tail continues each row's first document)."""
     order = real = count = None
     if valid is not None:
         valid = valid.bool()
@@ -67,12 +70,18 @@ def compact_rows(valid: Tensor | None, starts: Tensor | None) -> Compact:
     if starts is not None:
         docs = (starts if order is None else starts.gather(1, order)).long().cumsum(-1)
         docs = docs if real is None else torch.where(real, docs, -1)
-    return Compact(order, real, docs, count)
+    return Compact(order, real, docs, count, carried)
+
+
+#: The decode tail's document id in a carry forward: that of each row's first document (its
+#: start is not one, ``Sequence.starts``); elsewhere the tail belongs to no document (-2).
+CARRIED_TAIL_DOC, TAIL_DOC = 0, -2
 
 
 def compact(seq: Sequence) -> Compact:
     """The forward's :class:`Compact`, built once per forward and shared by its layers."""
-    return seq.memo("compact", lambda: compact_rows(seq.valid, seq.starts()))
+    return seq.memo("compact", lambda: compact_rows(seq.valid, seq.starts(),
+                                                    carried=seq.carried))
 
 
 def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None, rows: Compact, *,
@@ -82,8 +91,9 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None, rows: Compact, *,
     ``F.conv1d``'s orientation (tap ``back`` is the token itself; causal: the last). A tap
     reads only real tokens of the token's own document (zero elsewhere, and beyond the row).
 
-    ``tail`` (B, back, d): the row's last ``back`` real inputs before ``x`` (decoding; the
-    forward's first document continues them — decoding has no packing). With it, returns
+    ``tail`` (B, back, d): the row's last ``back`` real inputs before ``x`` (decoding: the
+    forward's first document continues them; a carry forward's packed rows: the first
+    document's, read by it alone, :data:`CARRIED_TAIL_DOC`). With it, returns
     the new tail as well: the last ``back`` real inputs, cached ones included (those of an
     earlier document zeroed); else (y, None). Computed in ``x``'s dtype."""
     b, t, d = x.shape
@@ -95,8 +105,8 @@ def short_conv(x: Tensor, weight: Tensor, bias: Tensor | None, rows: Compact, *,
     ext = torch.cat((head, x, x.new_zeros(b, ahead, d)), 1)  # (B, back + T + ahead, d)
     docs = rows.docs
     dext = None
-    if docs is not None:  # the tail (-2) belongs to no document of this forward
-        dext = F.pad(docs, (back, ahead), value=-2)
+    if docs is not None:  # the tail: the first document's when carried, else none's
+        dext = F.pad(docs, (back, ahead), value=CARRIED_TAIL_DOC if rows.carried else TAIL_DOC)
     y = torch.zeros((), dtype=x.dtype, device=x.device) if bias is None else bias.to(x.dtype)
     for i in range(k):
         shifted = ext[:, i: i + t]  # x_{t - back + i}

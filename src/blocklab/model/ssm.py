@@ -256,7 +256,7 @@ class SelectiveSSM(Mixer):
             assert isinstance(state, SSMState)
         u, z = self.in_proj(x).chunk(2, dim=-1)  # (B, T, E) each
         if state is not None:
-            check_no_grad(u)
+            check_no_grad(u, seq.cache)
         u = F.silu(self._conv(u, seq, state))
         dt, B, C = self.selection(u)
         if seq.valid is not None:  # padding: Δ = 0, the state passes through
@@ -266,7 +266,7 @@ class SelectiveSSM(Mixer):
                               h0=None if state is None else state.h, chunk=self.chunk,
                               method=self._method(u))
         if state is not None:
-            state.h.copy_(h)
+            state.put("h", h)
         y = (y + u.float() * self.D.float()) * F.silu(z.float())  # (B, T, E)
         return self.out(y.to(x.dtype))
 
@@ -290,7 +290,7 @@ class SelectiveSSM(Mixer):
         out, tail = seqops.short_conv(rows.gather(u), self.conv.weight[:, 0], self.conv.bias,
                                       rows, tail=None if state is None else state.tail)
         if state is not None:
-            state.tail.copy_(tail)
+            state.put("tail", tail)
         return rows.scatter(out)
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,

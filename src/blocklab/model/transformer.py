@@ -27,9 +27,11 @@ from blocklab.config import ModelConfig, model_config
 from blocklab.model import masks
 from blocklab.model.blocks import Context, identity
 from blocklab.model.cache import DecodeCache
+from blocklab.model.carry import carry_positions
 from blocklab.model.heads import LMHead, MLMHead
-from blocklab.model.mixer import Mixer, Sequence
+from blocklab.model.mixer import Sequence
 from blocklab.model.position import positions_from_segments, positions_from_valid
+from blocklab.model.residual import residual_outputs
 from blocklab.registry import lookup
 
 
@@ -38,7 +40,9 @@ def default_positions(x: Tensor, valid: Tensor | None, segments: Tensor | None,
     """Positions when the caller gives none: per document for packed rows, counting real
     tokens only for padded rows (padding never advances a position, inside a document
     either), else 0..T-1 — continued from each row's next position when a cache already
-    holds a prefix."""
+    holds a prefix (a carry cache: per document, its first one continued, model/carry.py)."""
+    if cache is not None and cache.carry:
+        return carry_positions(x, valid, segments, cache)
     if segments is not None:
         return positions_from_segments(segments, valid)
     b, t = x.shape[:2]
@@ -77,13 +81,17 @@ class Stack(nn.Module):
         return tuple((type(b.attn).__name__, getattr(b.attn, "window", None))
                      for b in self.blocks)
 
-    def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype,
-                  device: torch.device | str, static: bool = False) -> DecodeCache:
+    def new_cache(self, batch: int, capacity: int | None, *, dtype: torch.dtype,
+                  device: torch.device | str, static: bool = False, carry: bool = False,
+                  mem: str = "train") -> DecodeCache:
+        if static and carry:
+            raise ValueError("new_cache: carry=True writes functionally; static=True in place")
         states = [b.attn.new_state(batch, capacity, dtype=dtype, device=device, static=static)
                   for b in self.blocks]
         cross = [None if b.cross is None else b.cross.new_state() for b in self.blocks]
         return DecodeCache(states, batch=batch, capacity=capacity, device=device,
-                           static=static, signature=self.signature, cross=cross)
+                           static=static, signature=self.signature, cross=cross, carry=carry,
+                           mem=mem)
 
     def forward(self, x: Tensor, *, positions: Tensor, valid: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecodeCache | None = None,
@@ -93,16 +101,16 @@ class Stack(nn.Module):
         the tokens of ``model.mixer.global_token_id`` (:meth:`Model.marks`)."""
         x = self.drop(self.embed_norm(self.position.embed(x, positions)))
         if cache is not None:
-            if segments is not None:
+            if segments is not None and not cache.carry:
                 raise ValueError("segments (packed documents) are a training-time input; a KV "
                                  "cache decodes one document per row")
             if cache.signature != self.signature:
                 raise ValueError(f"decode cache built for layers {cache.signature}, this "
                                  f"stack has {self.signature}; make it with model.new_cache()")
-            cache.begin(positions, valid)
+            cache.begin(positions, valid, segments if cache.carry else None)
         seq = Sequence(positions=positions, valid=valid, segments=segments, causal=self.causal,
                        position=self.position, rotary=self.position.rotary(positions),
-                       cache=cache, marked=marked)
+                       cache=cache, marked=marked, carried=cache is not None and cache.carry)
         ctx = Context(seq=seq, memory=memory, cross_visibility=masks.cross_visibility(
             memory_valid, segments, memory_segments) if memory is not None else None)
         for block in self.blocks:
@@ -176,17 +184,20 @@ class Model(nn.Module):
         stack = getattr(self, "decoder", None) or self.encoder
         return stack.position.max_positions
 
-    def new_cache(self, batch: int, capacity: int, *, dtype: torch.dtype | None = None,
-                  device: torch.device | str | None = None,
-                  static: bool = False) -> DecodeCache:
+    def new_cache(self, batch: int, capacity: int | None, *, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None, static: bool = False,
+                  carry: bool = False, mem: str = "train") -> DecodeCache:
         """A decode cache for this model's (causal) decoder stack, up to ``capacity`` tokens:
         one state per layer, made by its mixer (softmax: a K/V buffer, a window ring for
         local layers; recurrent mixers: their fixed-size state), plus the shared token
         bookkeeping (model/cache.py). ``static=True``: fixed shapes and in-place updates for
-        compiled decoding."""
+        compiled decoding. ``carry=True``: the state carried across training segments with
+        autograd on (model/carry.py; ``capacity`` None unless a layer keeps every token;
+        ``mem``: "train" or "eval" memory sizes)."""
         ref = self.embed.weight
         return self.decoder.new_cache(batch, capacity, dtype=dtype or ref.dtype,
-                                      device=device or ref.device, static=static)
+                                      device=device or ref.device, static=static, carry=carry,
+                                      mem=mem)
 
     # Shape for the estimator (model/estimate.py): stacks and head.
     @classmethod
@@ -344,35 +355,6 @@ class EncoderDecoderModel(Model):
     @classmethod
     def stacks(cls, m: ModelConfig) -> list[tuple[int, bool, bool]]:
         return [(m.encoder_layers, False, False), (m.n_layers, True, True)]
-
-
-def residual_outputs(model: nn.Module) -> set[str]:
-    """The parameter names of every residual-output projection in ``model``: for each module
-    that declares ``residual_outputs`` (child names: a mixer's, an FFN's, cross-attention's
-    output projections), those children's weights. A mixer that declares none gets plain init
-    for every weight, said once per class in a warning."""
-    import warnings
-
-    found: set[str] = set()
-    for prefix, module in model.named_modules():
-        names = getattr(module, "residual_outputs", None)
-        if names is None:
-            if isinstance(module, Mixer) and type(module) not in _UNDECLARED:
-                _UNDECLARED.add(type(module))
-                warnings.warn(f"mixer {type(module).__name__} declares no residual_outputs (its "
-                              "output projections): every weight of it gets plain N(0, "
-                              "model.init_std) init, unscaled by depth", stacklevel=2)
-            continue
-        for child in names:
-            weight = getattr(getattr(module, child, None), "weight", None)
-            if not isinstance(weight, nn.Parameter):
-                raise TypeError(f"{type(module).__name__}.residual_outputs names {child!r}, "
-                                "which is not a submodule with a weight")
-            found.add(f"{prefix}.{child}.weight" if prefix else f"{child}.weight")
-    return found
-
-
-_UNDECLARED: set[type] = set()
 
 
 FAMILIES: dict[str, type[Model]] = {

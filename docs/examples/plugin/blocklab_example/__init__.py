@@ -123,8 +123,8 @@ class TokenShift(Mixer):
             known = known + state.has[:, None] * (1 - known)
             any_real = real.any(-1, keepdim=True).to(x.dtype)  # (B, 1)
             newest = x.gather(1, last[:, -1:].clamp(min=0)[..., None].expand(b, 1, x.shape[-1]))
-            state.last.copy_(state.last * (1 - any_real) + newest[:, 0] * any_real)
-            state.has.copy_(torch.maximum(state.has, any_real))
+            state.put("last", state.last * (1 - any_real) + newest[:, 0] * any_real)
+            state.put("has", torch.maximum(state.has, any_real))
         starts = seq.starts()
         if starts is not None:  # a document's first token has no predecessor
             known = known * (~starts)[..., None].to(x.dtype)

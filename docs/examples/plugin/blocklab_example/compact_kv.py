@@ -34,22 +34,30 @@ class CompactKVState(State):
         self.k = torch.zeros(batch, capacity, d_head, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.positions = torch.zeros(batch, capacity, dtype=torch.long, device=device)
+        self.segments: Tensor | None = None  # (B, C) documents, made by a carry forward
 
     def write(self, step: Step, rows: seqops.Compact, k: Tensor, v: Tensor) -> Keys:
         """This forward's real tokens (k, v (B, T, D), the caller's order) into the slots of
-        their orders, in place; returns every slot as keys (written ones valid)."""
+        their orders, in place (rebound in a carry cache: ``put``); returns every slot as keys
+        (written ones valid; a carry forward's: with their documents)."""
         b, c = self.positions.shape
         t = k.shape[1]
+        if step.segments is not None and self.segments is None:
+            self.segments = torch.zeros_like(self.positions)
         slot = torch.arange(c, device=k.device) - step.before[:, None]  # (B, C) new real index
         written = (slot >= 0) & (slot < (step.seen - step.before)[:, None])
         pick = slot.clamp(0, t - 1)
-        for buf, new in ((self.k, k), (self.v, v), (self.positions, step.positions)):
-            new = rows.gather(new)  # real tokens first: the i-th real token at index i
+        news = {"k": k, "v": v, "positions": step.positions, "segments": step.segments}
+        for name, new in news.items():
+            if new is None:
+                continue
+            buf, new = getattr(self, name), rows.gather(new)  # real tokens first: the i-th real token at index i
             idx = pick.view(b, c, *(1,) * (new.dim() - 2)).expand(b, c, *new.shape[2:])
             mask = written.view(b, c, *(1,) * (new.dim() - 2))
-            buf.copy_(torch.where(mask, new.gather(1, idx).to(buf.dtype), buf))
+            self.put(name, torch.where(mask, new.gather(1, idx).to(buf.dtype), buf))
         order = torch.arange(c, device=k.device).expand(b, c)
-        return Keys(self.positions, order < step.seen[:, None], order, step.order)
+        return Keys(self.positions, order < step.seen[:, None], order, step.order,
+                    segments=None if step.segments is None else self.segments)
 
 
 @register("mixer", "compact_kv")
@@ -75,7 +83,7 @@ class CompactKV(Mixer):
             vis = seq.visibility()
         else:
             assert isinstance(state, CompactKVState) and seq.cache is not None
-            check_no_grad(k)
+            check_no_grad(k, seq.cache)
             keys = state.write(seq.cache.step, seqops.compact(seq), k, v)
             k, v = state.k, state.v  # (B, C, D): every slot, masked by the keys' validity
             vis = seq.visibility(None, keys)
@@ -86,6 +94,8 @@ class CompactKV(Mixer):
 
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
+        if capacity is None:
+            raise ValueError("compact_kv keeps every real token: give its carry cache a capacity")
         return CompactKVState(batch, capacity, self.d_head, dtype=dtype, device=device)
 
     @classmethod
