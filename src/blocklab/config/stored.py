@@ -24,7 +24,7 @@ from blocklab.errors import CheckpointError
 from blocklab.provenance import config_diff
 
 MAX_VALUES = 1_000_000  # values a stored config may hold (a crafted one could share subtrees)
-UNREAD = ("rng", "rng_ranks", "tokenizer")  # metadata meta.json leaves out
+UNREAD = ("rng", "rng_ranks", "tokenizer", "carry")  # metadata meta.json leaves out (tensors)
 
 
 def stored_config(config: Any, where: str) -> TrainConfig:

@@ -105,8 +105,9 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
            f"min_len={d.min_len}")
     _check(d.segment_mode != "split" or all(st[1] <= top for st in stages), f"{key}.curriculum",
            stages, f"each max_len must be <= the document length {top} (data.doc_len)")
-    _check(8 <= d.min_len <= d.seq_len, f"{key}.min_len", d.min_len,
-           f"need 8 <= min_len <= seq_len={d.seq_len}")
+    _check(8 <= d.min_len <= top, f"{key}.min_len", d.min_len,
+           f"need 8 <= min_len <= seq_len={d.seq_len}" if top == d.seq_len else
+           f"need 8 <= min_len <= the document length {top} (data.doc_len)")
     if "needle" in used:
         _check(bool(d.fillers) and set(d.fillers) <= set(FILLERS), f"{key}.fillers", d.fillers,
                f"needs one or more of {', '.join(FILLERS)}")

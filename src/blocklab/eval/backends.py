@@ -14,7 +14,7 @@ causal LM gets the same interface in :mod:`blocklab.eval.hf`):
   prompt, plus the greedy continuation from the same cache — one prompt pass per item instead
   of one per candidate.
 
-A blocklab model is scored through its run's own objective (objectives.py): the batch format,
+A blocklab model is scored through its run's own objective (objectives/): the batch format,
 shift and masking are the ones it was trained with, and nothing here names a family.
 """
 

@@ -1,7 +1,7 @@
 """Evaluate a checkpoint on its own: rebuild model and tokenizer from the checkpoint (read,
 verified and loaded once; its stored config plain data, never resolved or instantiated) and
 report validation loss and probes. The data streams (data/streams.py) and the objective
-(objectives.py) are built by the same functions training uses, so the validation loss equals the
+(objectives/) are built by the same functions training uses, so the validation loss equals the
 one the run logged; which data it is computed on, and which files that opens, is
 eval/rundata.py's (``run_data``)."""
 
@@ -57,6 +57,10 @@ def validation_loss(target: str | Path | ckpt.Loaded, *, batches: int | None = N
 
     loaded = target if isinstance(target, ckpt.Loaded) else ckpt.read(target)
     meta, tc = loaded.meta, loaded.config
+    if tc.data.segment_mode == "stream" and batch_size not in (None, tc.data.batch_size):
+        raise ConfigError(f"config error: batch_size={batch_size}: a data.segment_mode=stream "
+                          f"run reads its validation text as data.batch_size="
+                          f"{tc.data.batch_size} lanes; leave batch_size unset")
     result = {"checkpoint": str(loaded.path), "step": meta["step"], "val_loss": None,
               "val_targets": 0, "arch_hash": meta["arch_hash"]}
     dest = Path(dest or out_dir or loaded.run_dir / "eval")
@@ -103,11 +107,12 @@ def summed_loss(model: torch.nn.Module, objective: Any, make: Callable[..., Any]
     ``make(index, step)`` of each batch of ``(index, step)`` keys, collated and scored by the
     family's ``objective`` (as validation in training does)."""
     s = Summed()
-    for keys in batches:
-        out = objective.loss(model, objective.collate([make(*k) for k in keys]))
-        s.total, s.count = s.total + float(out.total), s.count + int(out.count)
-        s.correct = None if s.correct is None or out.correct is None else (
-            s.correct + int(out.correct))
+    with objective.reading():  # one pass (a segment mode's lanes continue batch to batch)
+        for keys in batches:
+            out = objective.loss(model, objective.collate([make(*k) for k in keys]))
+            s.total, s.count = s.total + float(out.total), s.count + int(out.count)
+            s.correct = None if s.correct is None or out.correct is None else (
+                s.correct + int(out.correct))
     return s
 
 

@@ -34,7 +34,8 @@ def run_streams(loaded: Any, run_data: str, dest: Path, log=print) -> tuple[Any,
     if run_data == "false":
         return None, "validation loss skipped (run_data=false)"
     if tc.data.name is not DataName.text:  # generated from the stored seeds: no file opened
-        return build_streams(tc.data, TokenizerConfig(name=TokenizerName.synthetic)), None
+        return build_streams(tc.data, TokenizerConfig(name=TokenizerName.synthetic),
+                             bptt=tc.trainer.bptt), None
     named = describe(tc.data)
     if run_data != "true":
         return None, (f"validation loss skipped: the run trained on text ({named}) that only "
@@ -51,7 +52,8 @@ def run_streams(loaded: Any, run_data: str, dest: Path, log=print) -> tuple[Any,
     if changed:
         raise _changed(loaded, changed)
     data = dataclasses.replace(tc.data, cache_dir=str(dest / CACHE))
-    streams = build_streams(data, embedded_tokenizer(loaded.meta, dest / CACHE))
+    streams = build_streams(data, embedded_tokenizer(loaded.meta, dest / CACHE),
+                            bptt=tc.trainer.bptt)
     recorded = loaded.meta.get("data_fingerprint")
     if streams.fingerprint != recorded:
         raise _changed(loaded, f"data fingerprint {recorded}, now {streams.fingerprint}")

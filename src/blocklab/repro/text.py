@@ -42,7 +42,7 @@ def load_text(run_dir: str | Path) -> TextRun:
     loaded = ckpt.read(run_dir)
     tc = loaded.config
     model, _ = ckpt.model_of(loaded)
-    streams = build_streams(tc.data, tc.tokenizer)
+    streams = build_streams(tc.data, tc.tokenizer, bptt=tc.trainer.bptt)
     recorded = loaded.meta.get("data_fingerprint")
     if streams.fingerprint != recorded:
         raise DataError(f"data error: {run_dir}: its data changed since it trained (data "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import random
 import re
 import sys
 import time
@@ -31,6 +30,7 @@ from blocklab.objectives import build_objective
 from blocklab.registry import lookup
 from blocklab.train.best import better_record
 from blocklab.train.optim import build_optimizer, resolved
+from blocklab.train.rng import get_rng_state, set_rng_state
 
 # Returning None from training_step is how a non-finite step is skipped (see _skip_or_stop).
 warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")
@@ -60,6 +60,10 @@ class LitModel(L.LightningModule):
         self.tokens_seen = 0
         self.skipped_steps = 0  # non-finite steps skipped under trainer.skip_nonfinite
         self._pending_rng: dict[str, Any] | None = None
+        # data.segment_mode=stream: the state carried from one training batch to the next
+        # (objectives/segmented.py), and a resumed checkpoint's, loaded at the first batch
+        self.carry: Any = None
+        self._pending_carry: dict[str, Any] | None = None
         # The running optimizer step's loss (summed over its micro-batches), and the token
         # counts since the last logged row (throughput).
         self._loss_total = self._loss_count = 0.0
@@ -83,7 +87,7 @@ class LitModel(L.LightningModule):
         if self._pending_rng is not None:  # first batch after a resume
             set_rng_state(self._pending_rng)
             self._pending_rng = None
-        out = self.objective.loss(self.model, batch)
+        out = self._loss(batch)
         loss, logged, count = out.loss, out.loss.detach(), out.count
         world = self.trainer.world_size
         if world > 1:
@@ -110,6 +114,25 @@ class LitModel(L.LightningModule):
         # Lightning's own logging only feeds the progress bar and the run summary.
         self.log("train/loss", logged, prog_bar=True, logger=False, batch_size=1)
         return loss
+
+    def _loss(self, batch: dict[str, Tensor]) -> Any:
+        """The objective's loss of a training batch; in a segment mode, read segment by segment
+        (``trainer.bptt``): ``split`` from a fresh carry, ``stream`` through the run's carry,
+        detached from the previous step's graph."""
+        mode, bptt = self.cfg.data.segment_mode, self.cfg.trainer.bptt
+        if mode == "split":
+            return self.objective.loss(self.model, batch, bptt=bptt)
+        if mode != "stream":
+            return self.objective.loss(self.model, batch)
+        if self.carry is None:
+            b, length = batch["input_ids"].shape
+            self.carry = self.objective.new_carry(self.model, b, length=length)
+            if self._pending_carry is not None:  # a resume: the checkpoint's state
+                self.carry.load_state_dict(self._pending_carry)
+                self._pending_carry = None
+        else:
+            self.carry.detach()
+        return self.objective.loss(self.model, batch, carry=self.carry)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._step_lr = float(optimizer.param_groups[0]["lr"])  # the rate this step runs with
@@ -151,6 +174,7 @@ class LitModel(L.LightningModule):
             raise NonFiniteError(f"numerical error: {what} at step {self.global_step}; no "
                                  f"optimizer step taken; the last checkpoint is intact{hint}")
         self.skipped_steps += 1
+        self.carry = None  # a non-finite step's state is not carried on
         print(f"warning: {what} at step {self.global_step}: step skipped "
               f"({self.skipped_steps}/{limit} allowed by trainer.skip_nonfinite)", file=sys.stderr)
 
@@ -203,11 +227,13 @@ class LitModel(L.LightningModule):
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, targets, correct
         counted = True
         try:
-            for batch in self.trainer.datamodule.validation_loader():
-                out = self.objective.loss(self.model, self.trainer.strategy.batch_to_device(batch))
-                counted = counted and out.correct is not None
-                sums += torch.stack([out.total.double(), out.count.double(),
-                                     out.correct.double() if counted else sums.new_zeros(())])
+            with self.objective.reading():  # one pass (a segment mode's lanes continue)
+                for batch in self.trainer.datamodule.validation_loader():
+                    out = self.objective.loss(self.model,
+                                              self.trainer.strategy.batch_to_device(batch))
+                    counted = counted and out.correct is not None
+                    sums += torch.stack([out.total.double(), out.count.double(),
+                                         out.correct.double() if counted else sums.new_zeros(())])
         finally:
             self.model.train(was_training)
         if self.trainer.world_size > 1:
@@ -302,6 +328,9 @@ class LitModel(L.LightningModule):
             "rng_ranks": ranks,
             "best": self.best,  # the best checkpoint so far (kept; `<run>:best`)
         }
+        if self.cfg.data.segment_mode == "stream":  # the carried state, for a resume
+            checkpoint["blocklab"]["carry"] = (self.carry.state_dict() if self.carry is not None
+                                               else self._pending_carry)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         meta = checkpoint.get("blocklab", {})
@@ -309,6 +338,7 @@ class LitModel(L.LightningModule):
         self.tokens_seen = int(meta.get("tokens_seen", 0))
         self.skipped_steps = int(meta.get("skipped_steps", 0))
         self.best = meta.get("best") if isinstance(meta.get("best"), dict) else None
+        self._pending_carry, self.carry = meta.get("carry"), None
         ranks = meta.get("rng_ranks") or []
         rank = self.trainer.global_rank if self._trainer is not None else 0
         world = self.trainer.world_size if self._trainer is not None else 1
@@ -358,18 +388,3 @@ def _checkpointed(block: torch.nn.Module, x: Tensor, ctx: Any) -> Tensor:
     if not torch.is_grad_enabled():  # evaluation, probes: nothing to recompute
         return forward(block, x, ctx)
     return checkpoint(forward, block, x, ctx, use_reentrant=False)
-
-
-def get_rng_state() -> dict[str, Any]:
-    """Global RNG state as weights_only-safe values (tensors, ints, lists)."""
-    py = random.getstate()
-    return {"torch": torch.get_rng_state(), "python": [py[0], list(py[1]), py[2]],
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    if state.get("cuda") and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -35,7 +35,7 @@ def run_validation_text(tc: TrainConfig):
         from blocklab.data.streams import build_streams
         from blocklab.eval.evaluate import validation_text
 
-        streams = build_streams(tc.data, tc.tokenizer)
+        streams = build_streams(tc.data, tc.tokenizer, bptt=tc.trainer.bptt)
         return validation_text(streams, streams.specials)()
 
     return read

@@ -107,7 +107,7 @@ def train(cfg: DictConfig, overrides: list[str] | None = None) -> RunDir:
                 say(line)
         from blocklab.data.streams import build_streams
 
-        streams = build_streams(tc.data, tc.tokenizer)  # validates the data config
+        streams = build_streams(tc.data, tc.tokenizer, bptt=tc.trainer.bptt)  # validates data
         if streams.description:
             print(f"data: {streams.description}", file=sys.stderr)
         if init is not None:
