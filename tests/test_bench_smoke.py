@@ -82,3 +82,17 @@ def test_probe_curves_reads_checkpoint_probes_back_across_versions(tmp_path, cap
     assert (tmp_path / "c.png").stat().st_size > 5_000
     assert mod.main([str(run), "--prefix", "probe/none_"]) == 3
     assert "no metric starting with 'probe/none_'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_carry_times_carried_and_plain_steps_with_equal_gradients(tmp_path):
+    """scripts/bench_carry.py checks, before it times them, that the carried step's gradients
+    are the plain step's (it exits non-zero otherwise)."""
+    out = tmp_path / "carry.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_carry.py"), "--quick",
+                        "--reps", "1", "--threads", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=SAFETY_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert set(res) >= {"softmax, full history", "ssm", "linear attention"}
+    assert all(v["grad_difference"] < 1e-3 and v["ratio"][0] > 0 for v in res.values())
