@@ -92,15 +92,14 @@ def attend_with_memory(layer: object, x: Tensor, seq: Sequence, state: MemorySta
     book = seq.cache.book(state.key)
     m = state.x.shape[1]
     cat = torch.cat((state.x.to(x.dtype), x), 1)  # (B, M + T, d): the segment last
-    qkv = layer.qkv(cat).view(b, m + t, h + 2 * hkv, -1)
+    qk, v = layer.qkv(cat).view(b, m + t, h + 2 * hkv, -1).split((h + hkv, hkv), dim=2)
     keys = book.keys
     if seq.rotary is not None and layer.rope:  # every key by its own position
-        qkv = apply_rotary(qkv, *seq.position.rotary(keys.positions))
-    q = qkv[:, m:, :h]  # (B, T, H, D): queries of the segment only
+        qk = apply_rotary(qk, *seq.position.rotary(keys.positions))
+    q, k = qk[:, m:, :h], qk[:, :, h:]  # queries of the segment only: (B, T, H, D)
     if layer.temperature:
         q = q * query_temperature(seq.positions, layer.temperature,
                                   layer.temperature_floor).to(q.dtype)[..., None, None]
-    k, v = qkv[:, :, h:h + hkv], qkv[:, :, h + hkv:]  # (B, M + T, Hkv, D)
     vis = seq.visibility(None, keys, share=state.key)
     o = sdpa(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vis)
     if book.pending is not None:  # the ring's new slots take this segment's inputs
