@@ -308,10 +308,10 @@ def check_xl_memory(tc: TrainConfig) -> None:
     _check(mode != "none", "model.mixer.mem_len", n,
            "memory across segments needs data.segment_mode=split or stream")
     from blocklab import registry
-    from blocklab.model.position import Position
 
     scheme = registry.lookup("position", m.position.name, "model.position.name")
-    _check(scheme.embed is Position.embed, "model.mixer.mem_len", n,
+    root = next(c for c in reversed(scheme.__mro__) if "embed" in vars(c))  # adds nothing
+    _check(scheme.embed is root.embed, "model.mixer.mem_len", n,
            "memory across segments needs relative positions (rotary, a score bias or none); "
            f"model.position.name={m.position.name} embeds absolute ones")
 
