@@ -348,3 +348,22 @@ def test_xl_memory_that_keeps_the_rules_validates_and_vanishes_at_its_default(ba
     assert "mem_len" not in layout["mixer"] and "eval_mem_len" not in layout["mixer"]
     changed = {**plain["model"], "mixer": {**plain["model"]["mixer"], "mem_len": 8}}
     assert legacy_layout(changed)["mixer"]["mem_len"] == 8
+
+
+@pytest.mark.parametrize(("keys", "line"), [
+    ({"model__mixer__compress_ratio": 4},
+     "model.mixer.compress_ratio=4: compresses evicted memory: set model.mixer.mem_len > 0"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 1},
+     "model.mixer.compress_ratio=1: must be 0 (evicted memory dropped) or >= 2"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 2,
+      "model__mixer__compress_kind": "max"}, "model.mixer.compress_kind='max': one of mean, conv"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 2,
+      "model__mixer__compress_len": 0}, "model.mixer.compress_len=0: must be null"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 2,
+      "model__mixer__compress_loss": -1.0}, "model.mixer.compress_loss=-1.0: must be >= 0"),
+])
+def test_compressed_memory_rules_fail_in_one_line(bases, keys, line):
+    with pytest.raises(ConfigError) as err:
+        _train(bases, **SPLIT, **keys)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("config error: ") and line in msg, msg

@@ -223,3 +223,86 @@ def test_pricing_matches_a_carry_cache():
     extra = (SoftmaxAttention.flops_per_token(cfg, 0, seq_len=T, causal=True)
              - SoftmaxAttention.flops_per_token(base, 0, seq_len=T, causal=True))
     assert extra == 4 * 12 * 4 * 8 + 2 * 3 * 32 * 32 * 12 / T  # scores + memory projections
+
+
+# ------------------------------------------------------ compressed memory (model/compress.py)
+def _compressive(position, mem_len, ratio, kind="conv", compress_len=None):
+    cfg = _cfg(position, mem_len)
+    cfg.mixer["compress_ratio"] = ratio
+    cfg.mixer["compress_kind"] = kind
+    cfg.mixer["compress_len"] = compress_len
+    return cfg
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_ratio_one_mean_pooling_equals_an_uncompressed_memory_of_the_same_length(position):
+    """Compression at ratio 1 by mean pooling keeps each evicted token as it was, at its
+    position: memory 4 + 8 compressed == memory 12 (logits; 3 segments, packed)."""
+    plain = _model(_cfg(position, 12))
+    model = _model(_compressive(position, 4, 2, kind="mean", compress_len=8))
+    model.load_state_dict(plain.state_dict())
+    for b in model.decoder.blocks:
+        b.attn.compressor.ratio = 1  # below the config's floor of 2: the identity
+    ids, _ = _data()
+    seg = torch.zeros(B, L, dtype=torch.long)
+    seg[1, 13:] = 1
+    with torch.no_grad():
+        want = _carried(plain, ids, segments=seg)
+        torch.testing.assert_close(_carried(model, ids, segments=seg), want, atol=1e-5,
+                                   rtol=1e-4)
+        for b in model.decoder.blocks:  # control: ratio 2 pools pairs, other keys
+            b.attn.compressor.ratio = 2
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(_carried(model, ids, segments=seg), want, atol=1e-5,
+                                       rtol=1e-4)
+
+
+def _aux_grads(model, ids):
+    cache = model.new_cache(B, None, carry=True)
+    run_segments(model, ids, seg_len=T, cache=cache)
+    assert cache.aux_loss is not None and cache.aux_loss.item() > 0
+    model.zero_grad()
+    cache.aux_loss.backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_reconstruction_loss_trains_only_the_compressor(monkeypatch):
+    from blocklab.model import compress
+
+    model = _model(_compressive("rope", 6, 2))
+    ids, _ = _data()
+    grads = _aux_grads(model, ids)
+    conv = [n for n in grads if "compressor" in n]
+    assert conv and all(grads[n] is not None and grads[n].abs().sum() > 0 for n in conv)
+    others = [n for n in grads if "compressor" not in n]
+    assert all(grads[n] is None or not grads[n].any() for n in others)
+    # control: the key/value weights not detached give the projection a gradient
+    monkeypatch.setattr(compress, "kv_weights", lambda layer: (layer.qkv.weight,
+                                                               layer.qkv.bias))
+    grads = _aux_grads(model, ids)
+    with pytest.raises(AssertionError):
+        assert all(grads[n] is None or not grads[n].any() for n in others)
+
+
+def test_compressed_memory_is_priced_and_kept_per_document():
+    from blocklab.model.attention import SoftmaxAttention
+
+    cfg = _compressive("rope", 8, 4)
+    model = _model(cfg)
+    ids, _ = _data()
+    cache = model.new_cache(B, None, carry=True)
+    with torch.no_grad():
+        run_segments(model, ids, seg_len=T, cache=cache)
+    states = cache.states
+    assert all(s.c_valid.all() for s in states)  # 16 evicted by segment 3: 4 groups, 2 kept
+    assert not any(s.c.requires_grad for s in states)
+    priced = sum(SoftmaxAttention.state_bytes(cfg, i, batch=B, seq_len=T, bytes_per_value=4)
+                 for i in range(cfg.n_layers))
+    assert priced == cache.nbytes == 2 * B * (8 + 2) * 32 * 4
+    assert SoftmaxAttention.describe(cfg, 0) == "(global, memory 8 (+2 compressed))"
+    assert SoftmaxAttention.score_keys(cfg, 0, seq_len=T) == T + 8 + 2
+    n = sum(p.numel() for p in model.parameters())
+    base = sum(p.numel() for p in _model(_cfg("rope", 8)).parameters())
+    assert n - base == 2 * (32 * 32 * 4 + 32)
+    assert SoftmaxAttention.param_count(cfg, 0, causal=True) - SoftmaxAttention.param_count(
+        _cfg("rope", 8), 0, causal=True) == 32 * 32 * 4 + 32

@@ -23,6 +23,7 @@ from blocklab.model import bands, masks, random_blocks, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.kv import CrossKV, FixedKVState, KVState, RingState, ring_slots, sink_slots
 from blocklab.model.memory import MemoryState, attend_with_memory, carry_state
+from blocklab.model.memory import setup as setup_memory
 from blocklab.model.mixer import Mixer, Sequence, State
 from blocklab.model.patterns import query_temperature
 from blocklab.model.position import apply_rotary
@@ -31,6 +32,7 @@ from blocklab.model.softmax_options import (
     check_values,
     check_window,
     describe,
+    extra_params,
     memory_flops,
     score_keys,
     softmax_options,
@@ -125,7 +127,7 @@ class SoftmaxAttention(Mixer):
         self.qkv = nn.Linear(m.d_model, (h + 2 * hkv) * d, bias=a.bias)
         #: what this layer sees: None (global), its window, or a masks.Pattern (sinks, chunks)
         self.window = masks.layer_pattern(opts, layer)
-        self.mem_len, self.eval_mem_len = opts.mem_len, opts.eval_mem_len  # memory.py
+        setup_memory(self, opts, m.d_model)  # XL memory and its compressor (memory.py)
         #: the learned sink logit per head (init 0: transformer.init_weights zeroes 1-d)
         self.sink = nn.Parameter(torch.zeros(h)) if opts.learned_sink else None
         # the global layers of a local stack may rotate nothing (Llama 4's NoPE layers) and
@@ -293,7 +295,7 @@ class SoftmaxAttention(Mixer):
     @classmethod
     def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
         sinks = m.n_heads if softmax_options(m).learned_sink else 0
-        return projection_params(m.attention, **attention_dims(m)) + sinks
+        return projection_params(m.attention, **attention_dims(m)) + sinks + extra_params(m, layer)
 
     @classmethod
     def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:

@@ -28,13 +28,16 @@ key/value heads, D d_head.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from blocklab.model import compress
+from blocklab.model.compress import Compressor
 from blocklab.model.kv import Ring
 from blocklab.model.mixer import State
 
@@ -64,7 +67,26 @@ def carry_state(layer: object, batch: int, *, dtype: torch.dtype, device: torch.
     slots = memory_slots(layer, mem)
     if slots is None:
         return None
-    return MemoryState(batch, slots, layer.qkv.in_features, dtype=dtype, device=device)
+    return MemoryState(batch, slots, layer.qkv.in_features, dtype=dtype, device=device,
+                       compressed=layer.compress_len if slots else 0)
+
+
+def setup(layer: Any, opts: Any, d_model: int) -> None:
+    """A softmax layer's memory options (``opts``: its SoftmaxOptions) and, on a global
+    layer with compression, its compressor (compress.py)."""
+    layer.mem_len, layer.eval_mem_len = opts.mem_len, opts.eval_mem_len
+    ratio = opts.compress_ratio if layer.window is None and opts.mem_len else 0
+    layer.compress_len = compressed_slots(opts) if ratio else 0
+    layer.compress_loss = opts.compress_loss
+    layer.compressor = Compressor(d_model, ratio, opts.compress_kind) if ratio else None
+
+
+def compressed_slots(opts: Any) -> int:
+    """``compress_len`` (null: ``mem_len // compress_ratio``)."""
+    if not getattr(opts, "compress_ratio", 0) or not opts.mem_len:
+        return 0
+    return opts.compress_len if opts.compress_len is not None else max(
+        1, opts.mem_len // opts.compress_ratio)
 
 
 class MemoryState(State):
@@ -72,11 +94,22 @@ class MemoryState(State):
     detached, in the slots of the shared ring book ``("ring", M)``."""
 
     def __init__(self, batch: int, slots: int, d_model: int, *, dtype: torch.dtype,
-                 device: torch.device | str) -> None:
+                 device: torch.device | str, compressed: int = 0) -> None:
         self.key: Hashable = ("ring", slots)
         self.books = MappingProxyType(
             {self.key: lambda b, c, d: Ring(b, c, d, slots=slots)})
         self.x = torch.zeros(batch, slots, d_model, dtype=dtype, device=device)
+        if compressed:  # compress.py: a FIFO of compressed slots and their keys' books
+            self.c = torch.zeros(batch, compressed, d_model, dtype=dtype, device=device)
+            self.c_valid = torch.zeros(batch, compressed, dtype=torch.bool, device=device)
+            for name in ("c_order", "c_positions", "c_segments"):
+                setattr(self, name, torch.zeros(batch, compressed, dtype=torch.long,
+                                                device=device))
+
+    @property
+    def nbytes(self) -> int:
+        """The inputs kept (memory and compressed slots; their bookkeeping not counted)."""
+        return self.x.nbytes + (self.c.nbytes if hasattr(self, "c") else 0)
 
 
 def attend_with_memory(layer: object, x: Tensor, seq: Sequence, state: MemoryState,
@@ -91,18 +124,52 @@ def attend_with_memory(layer: object, x: Tensor, seq: Sequence, state: MemorySta
     h, hkv = layer.n_heads, layer.n_kv_heads
     book = seq.cache.book(state.key)
     m = state.x.shape[1]
-    cat = torch.cat((state.x.to(x.dtype), x), 1)  # (B, M + T, d): the segment last
-    qk, v = layer.qkv(cat).view(b, m + t, h + 2 * hkv, -1).split((h + hkv, hkv), dim=2)
+    c = state.c.shape[1] if hasattr(state, "c") else 0
     keys = book.keys
+    front = (state.c.to(x.dtype), state.x.to(x.dtype)) if c else (state.x.to(x.dtype),)
+    cat = torch.cat((*front, x), 1)  # (B, C + M + T, d): the segment last
+    if c:  # the compressed slots are the earliest keys
+        keys = dataclasses.replace(
+            keys, positions=torch.cat((state.c_positions, keys.positions), 1),
+            valid=torch.cat((state.c_valid, keys.valid), 1),
+            order=torch.cat((state.c_order, keys.order), 1),
+            segments=None if keys.segments is None else torch.cat(
+                (state.c_segments, keys.segments), 1))
+    n = c + m + t
+    qk, v = layer.qkv(cat).view(b, n, h + 2 * hkv, -1).split((h + hkv, hkv), dim=2)
+    raw = qk[:, n - t:, :h]  # unrotated queries (the reconstruction loss's)
     if seq.rotary is not None and layer.rope:  # every key by its own position
         qk = apply_rotary(qk, *seq.position.rotary(keys.positions))
-    q, k = qk[:, m:, :h], qk[:, :, h:]  # queries of the segment only: (B, T, H, D)
+    q, k = qk[:, n - t:, :h], qk[:, :, h:]  # queries of the segment only: (B, T, H, D)
     if layer.temperature:
         q = q * query_temperature(seq.positions, layer.temperature,
                                   layer.temperature_floor).to(q.dtype)[..., None, None]
-    vis = seq.visibility(None, keys, share=state.key)
+    vis = seq.visibility(None, keys, share=None if c else state.key)
     o = sdpa(layer, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vis)
+    if c:  # what leaves [memory; segment] is compressed (compress.py), before the ring moves
+        _compress(layer, state, seq, cat[:, c:], book.keys, raw)
     if book.pending is not None:  # the ring's new slots take this segment's inputs
         rows, cols, slots = book.pending
         state.writable("x")[rows, slots] = stop_gradient(x[rows, cols]).to(state.x.dtype)
     return layer.out(merge(o))
+
+
+def _compress(layer: Any, state: MemoryState, seq: Sequence, cat: Tensor, keys: Any,
+              q: Tensor) -> None:
+    """Group and compress the entries leaving the memory; in a training forward, add the
+    reconstruction loss to the cache's ``aux_loss``."""
+    m = state.x.shape[1]
+    new = compress.evicted_groups(stop_gradient(cat), keys.order, keys.valid, keys.segments,
+                                  keys.positions, keep_from=seq.cache.step.seen - m,
+                                  ratio=layer.compressor.ratio)
+    if new["x"].shape[1] == 0:
+        return
+    slots = layer.compressor(new["x"])  # (B, G, d)
+    if torch.is_grad_enabled() and layer.compress_loss:
+        g, r, d = new["x"].shape[1:]
+        aux = layer.compress_loss * compress.reconstruction_loss(
+            layer, q, new["x"].reshape(-1, g * r, d), new["valid"].repeat_interleave(r, 1),
+            slots, new["valid"])
+        cache = seq.cache
+        cache.aux_loss = aux if cache.aux_loss is None else cache.aux_loss + aux
+    compress.append(state, new, stop_gradient(slots))
