@@ -311,3 +311,59 @@ def test_the_cli_refuses_a_segment_rule_with_exit_2(tmp_path, capfd):
     assert r.stderr.strip().splitlines() == [
         "config error: data.segment_mode='stream': stream reads a text corpus as lanes; "
         "synthetic data uses split"]
+
+
+# --------------------------------------- XL memory (issue 45): model.mixer.mem_len's rules
+@pytest.mark.parametrize(("base", "keys", "line"), [
+    ("synthetic", {"model__mixer__mem_len": 16},
+     "model.mixer.mem_len=16: memory across segments needs data.segment_mode=split or stream"),
+    ("text", {**STREAM, "model__mixer__mem_len": None},
+     "model.mixer.mem_len=None: null keeps every key of the document: needs "
+     "data.segment_mode=split (not stream)"),
+    ("learned", {**SPLIT, "model__mixer__mem_len": 16},
+     "model.mixer.mem_len=16: memory across segments needs relative positions (rotary, a "
+     "score bias or none); model.position.name=learned embeds absolute ones"),
+    ("synthetic", {**SPLIT, "model__mixer__mem_len": -1},
+     "model.mixer.mem_len=-1: must be null or an integer >= 0"),
+    ("synthetic", {**SPLIT, "model__mixer__eval_mem_len": -2},
+     "model.mixer.eval_mem_len=-2: must be null or an integer >= 0"),
+])
+def test_xl_memory_rules_fail_in_one_line(bases, base, keys, line):
+    with pytest.raises(ConfigError) as err:
+        _train(bases, base, **keys)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("config error: ") and line in msg, msg
+
+
+def test_xl_memory_that_keeps_the_rules_validates_and_vanishes_at_its_default(bases):
+    from blocklab.config.migrate import legacy_layout
+
+    tc = _train(bases, "text", **STREAM, model__mixer__mem_len=32, model__mixer__eval_mem_len=64)
+    assert (tc.model.mixer["mem_len"], tc.model.mixer["eval_mem_len"]) == (32, 64)
+    tc = _train(bases, **SPLIT, model__mixer__mem_len=None)
+    assert tc.model.mixer["mem_len"] is None
+    plain = OmegaConf.to_container(bases["synthetic"])
+    assert plain["model"]["mixer"]["mem_len"] == 0
+    layout = legacy_layout(plain["model"])
+    assert "mem_len" not in layout["mixer"] and "eval_mem_len" not in layout["mixer"]
+    changed = {**plain["model"], "mixer": {**plain["model"]["mixer"], "mem_len": 8}}
+    assert legacy_layout(changed)["mixer"]["mem_len"] == 8
+
+
+@pytest.mark.parametrize(("keys", "line"), [
+    ({"model__mixer__compress_ratio": 4},
+     "model.mixer.compress_ratio=4: compresses evicted memory: set model.mixer.mem_len > 0"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 1},
+     "model.mixer.compress_ratio=1: must be 0 (evicted memory dropped) or >= 2"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 2,
+      "model__mixer__compress_kind": "max"}, "model.mixer.compress_kind='max': one of mean, conv"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 2,
+      "model__mixer__compress_len": 0}, "model.mixer.compress_len=0: must be null"),
+    ({"model__mixer__mem_len": 8, "model__mixer__compress_ratio": 2,
+      "model__mixer__compress_loss": -1.0}, "model.mixer.compress_loss=-1.0: must be >= 0"),
+])
+def test_compressed_memory_rules_fail_in_one_line(bases, keys, line):
+    with pytest.raises(ConfigError) as err:
+        _train(bases, **SPLIT, **keys)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("config error: ") and line in msg, msg

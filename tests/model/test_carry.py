@@ -11,6 +11,8 @@ segments without autograd."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from variants import VOCAB, mixer_variants, tiny
@@ -60,7 +62,12 @@ IDS = [label for label, _ in CASES]
 
 
 def _model(cfg):
+    """Global softmax layers keep every key of the document (``mem_len: null``; the default
+    0 attends within each segment, test_xl_memory.py)."""
     torch.manual_seed(0)
+    if {cfg.mixer.name, *cfg.mixer.pattern} & {"softmax", "memorizing"}:
+        cfg = cfg.model_copy(deep=True) if hasattr(cfg, "model_copy") else copy.deepcopy(cfg)
+        cfg.mixer["mem_len"] = None
     return build_model(cfg).eval()
 
 

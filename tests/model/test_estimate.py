@@ -251,3 +251,32 @@ def test_forward_flops_match_flop_counter(family, attention, position, tie):
     elementwise = sum(p.numel() for p in model.parameters() if p.dim() == 1)
     counted = fc.get_total_flops() / t + 2 * elementwise
     assert estimate(cfg, seq_len=t).forward_flops_per_token == counted
+
+
+def _xl(mem_len: int, t: int) -> ModelConfig:
+    cfg = tiny("decoder", position="rope", max_seq_len=t)
+    cfg.mixer["mem_len"] = mem_len
+    return cfg
+
+
+@pytest.mark.parametrize("mem_len", [5, 12])
+def test_xl_memory_state_and_flops_match_a_carry_cache(mem_len):
+    """The XL memory (model/memory.py): the estimate's state bytes == a real carry cache's
+    after 3 segments; its forward FLOPs per token == FlopCounterMode's count of the third
+    segment (the memory full: [memory; segment] projected, T x (M + T) scores)."""
+    from blocklab.model.carry import run_segments
+
+    t = 8
+    cfg = _xl(mem_len, t)
+    model = build_model(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 3 * t), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache(2, None, carry=True)
+    with torch.no_grad():
+        run_segments(model, ids[:, :2 * t], seg_len=t, cache=cache)
+        with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as fc:
+            run_segments(model, ids[:, 2 * t:], seg_len=t, cache=cache)
+    est = estimate(cfg, batch=2, seq_len=t, bytes_per_value=4)
+    assert est.state_bytes == cache.nbytes == 2 * 2 * mem_len * 16 * 4  # layers, B, M, d
+    elementwise = sum(p.numel() for p in model.parameters() if p.dim() == 1)
+    counted = fc.get_total_flops() / (2 * t) + 2 * elementwise
+    assert estimate(cfg, seq_len=t).forward_flops_per_token == counted

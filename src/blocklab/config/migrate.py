@@ -34,7 +34,9 @@ ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": N
                          "global_rope": True, "global_temperature": 0.0,
                          "temperature_floor": 8192,
                          "n_features": 64, "orthogonal": True, "redraw_every": 0,
-                         "feature_seed": 0}
+                         "feature_seed": 0,
+                         "mem_len": 0, "eval_mem_len": None, "compress_ratio": 0,
+                         "compress_len": None, "compress_kind": "conv", "compress_loss": 1.0}
 
 #: data keys and task weights added since the hashes were recorded: left out at their defaults
 DATA_ADDED: dict[str, Any] = {"user_tasks": {}, "listops_gap": 0, "segment_mode": "none",

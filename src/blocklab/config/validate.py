@@ -273,6 +273,7 @@ def validate_segment_run(tc: TrainConfig) -> None:
         _check(limit is None or limit >= need, "model.max_seq_len", m.max_seq_len,
                f"the {m.position.name} position table must cover a segment and its memory "
                f"tokens: data.seq_len + 2 x model.memory_tokens = {need}")
+    check_xl_memory(tc)
     if mode == "none":
         return
     key = "data.segment_mode"
@@ -289,6 +290,30 @@ def validate_segment_run(tc: TrainConfig) -> None:
         _check(not getattr(t, name), f"trainer.{name}", True,
                f"{why} forwards that write carried state ({key}={mode})",
                f"set trainer.{name}=false")
+
+
+def check_xl_memory(tc: TrainConfig) -> None:
+    """``model.mixer.mem_len`` (softmax's XL memory, model/memory.py) against the data and the
+    positions: a memory is carried only in a segment mode; the whole document (null) only in
+    split mode; a memory of earlier segments' tokens needs relative positions."""
+    m, mode = tc.model, tc.data.segment_mode
+    if "mem_len" not in m.mixer:
+        return
+    n = m.mixer.get("mem_len")
+    _check(n is not None or mode == "split", "model.mixer.mem_len", n,
+           "null keeps every key of the document: needs data.segment_mode=split (not "
+           f"{mode})")
+    if not n:
+        return
+    _check(mode != "none", "model.mixer.mem_len", n,
+           "memory across segments needs data.segment_mode=split or stream")
+    from blocklab import registry
+
+    scheme = registry.lookup("position", m.position.name, "model.position.name")
+    root = next(c for c in reversed(scheme.__mro__) if "embed" in vars(c))  # adds nothing
+    _check(scheme.embed is root.embed, "model.mixer.mem_len", n,
+           "memory across segments needs relative positions (rotary, a score bias or none); "
+           f"model.position.name={m.position.name} embeds absolute ones")
 
 
 def validate_run_probe_spec(spec: ProbeSpec, tc: TrainConfig, key: str = "probes") -> ProbeSpec:

@@ -21,14 +21,9 @@ from torch import Tensor, nn
 from blocklab.config import AttentionConfig, ModelConfig
 from blocklab.model import bands, masks, random_blocks, seqops
 from blocklab.model.cache import check_no_grad
-from blocklab.model.kv import (
-    CrossKV,
-    FixedKVState,
-    KVState,
-    RingState,
-    ring_slots,
-    sink_slots,
-)
+from blocklab.model.kv import CrossKV, FixedKVState, KVState, RingState, ring_slots, sink_slots
+from blocklab.model.memory import MemoryState, attend_with_memory, carry_state
+from blocklab.model.memory import setup as setup_memory
 from blocklab.model.mixer import Mixer, Sequence, State
 from blocklab.model.patterns import query_temperature
 from blocklab.model.position import apply_rotary
@@ -36,7 +31,12 @@ from blocklab.model.softmax_options import (
     SoftmaxOptions,
     check_values,
     check_window,
+    describe,
+    extra_params,
+    memory_flops,
+    score_keys,
     softmax_options,
+    state_bytes,
     summary_rows,
 )
 
@@ -127,6 +127,7 @@ class SoftmaxAttention(Mixer):
         self.qkv = nn.Linear(m.d_model, (h + 2 * hkv) * d, bias=a.bias)
         #: what this layer sees: None (global), its window, or a masks.Pattern (sinks, chunks)
         self.window = masks.layer_pattern(opts, layer)
+        setup_memory(self, opts, m.d_model)  # XL memory and its compressor (memory.py)
         #: the learned sink logit per head (init 0: transformer.init_weights zeroes 1-d)
         self.sink = nn.Parameter(torch.zeros(h)) if opts.learned_sink else None
         # the global layers of a local stack may rotate nothing (Llama 4's NoPE layers) and
@@ -144,6 +145,18 @@ class SoftmaxAttention(Mixer):
         if self.random:  # the pattern reads the table (and again after every move)
             self.window = dataclasses.replace(self.window, table=self.random_table)
 
+    #: a carry cache's memory sizes ("train" / "eval") while new_carry_state makes a state
+    carrying: str | None = None
+
+    def new_carry_state(self, batch: int, capacity: int | None, *, dtype: torch.dtype,
+                        device: torch.device | str, mem: str) -> State | None:
+        """The state of a carry cache (model/carry.py): a global layer's XL memory."""
+        self.carrying = mem
+        try:
+            return self.new_state(batch, capacity, dtype=dtype, device=device)
+        finally:
+            self.carrying = None
+
     def _apply(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         """The pattern reads the drawn table: a buffer, so a move makes a new tensor."""
         out = super()._apply(*args, **kwargs)
@@ -152,6 +165,8 @@ class SoftmaxAttention(Mixer):
         return out
 
     def forward(self, x: Tensor, seq: Sequence, state: State | None) -> Tensor:
+        if isinstance(state, MemoryState):  # a global layer's XL memory (memory.py)
+            return attend_with_memory(self, x, seq, state, _sdpa, _merge)
         b, t, _ = x.shape
         h, hkv = self.n_heads, self.n_kv_heads
         # split, not sliced: the backward of a split is one concatenation, of three slices a
@@ -266,6 +281,10 @@ class SoftmaxAttention(Mixer):
     def new_state(self, batch: int, capacity: int, *, dtype: torch.dtype,
                   device: torch.device | str, static: bool = False) -> State:
         dims, marks = (batch, self.n_kv_heads), {"marks": True} if self.marks else {}
+        if self.carrying is not None and self.window is None:  # a carry cache: XL memory
+            kept = carry_state(self, batch, dtype=dtype, device=device, mem=self.carrying)
+            if kept is not None:
+                return kept
         if static:
             return FixedKVState(*dims, capacity, self.d_head, dtype=dtype, device=device, **marks)
         if self.window is not None and not (self.random or self.marks):  # the whole history
@@ -276,63 +295,30 @@ class SoftmaxAttention(Mixer):
     @classmethod
     def param_count(cls, m: ModelConfig, layer: int, *, causal: bool) -> int:
         sinks = m.n_heads if softmax_options(m).learned_sink else 0
-        return projection_params(m.attention, **attention_dims(m)) + sinks
+        return projection_params(m.attention, **attention_dims(m)) + sinks + extra_params(m, layer)
 
     @classmethod
     def score_keys(cls, m: ModelConfig, layer: int, *, seq_len: int) -> int:
-        """``T`` (a global layer; the full-context convention of "PaLM", arXiv 2204.02311),
-        ``min(window + n, T)`` (a local one: the blocked computation never scores far keys;
-        ``n`` = sinks or global tokens, whichever is more) or ``min(chunk + n, T)`` (a chunked
-        one). An encoder's global tokens also score every key (``g · T`` pairs per row, counted
-        as ``2 n``); random blocks ``r · s`` more; marked tokens (the data's) are not counted."""
-        pattern = masks.layer_pattern(softmax_options(m), layer)
-        if pattern is None:
-            return seq_len
-        window, kept, chunk = masks.unpack(pattern)
-        if isinstance(pattern, masks.Pattern):  # global queries; r random blocks of s tokens
-            kept += pattern.global_tokens + pattern.random_blocks * pattern.block_size
-        return min((chunk if chunk is not None else window) + kept, seq_len)  # type: ignore
+        return score_keys(m, layer, seq_len=seq_len)
 
     @classmethod
     def flops_per_token(cls, m: ModelConfig, layer: int, *, seq_len: int,
                         causal: bool) -> float:
-        """Projections, plus scores and values over the keys a query sees: ``4 · T_k ·
-        d_attn`` (:meth:`score_keys`)."""
+        """Projections (and a memory's, memory.py), plus scores and values over the keys a
+        query sees: ``4 · T_k · d_attn`` (:meth:`score_keys`)."""
         keys = cls.score_keys(m, layer, seq_len=seq_len)
-        return 2.0 * cls.param_count(m, layer, causal=causal) + 4 * keys * m.n_heads * m.head_dim
+        return (2.0 * cls.param_count(m, layer, causal=causal) + 4 * keys * m.n_heads
+                * m.head_dim + memory_flops(m, layer, seq_len=seq_len))
 
     @classmethod
     def state_bytes(cls, m: ModelConfig, layer: int, *, batch: int, seq_len: int,
                     bytes_per_value: int) -> int:
-        """K and V of every token so far, or of what a local layer's ring keeps — the
-        ``min(window - 1, T)`` (``min(chunk - 1, T)``) last tokens and ``min(sinks, T)``
-        sinks, constant past that: ``2 · B · H_kv · d_head · bytes`` per token."""
-        pattern = masks.layer_pattern(softmax_options(m), layer)
-        whole = pattern is None or getattr(pattern, "random_blocks", 0)  # every token so far
-        marks = batch * seq_len if getattr(pattern, "marked", False) else 0  # bool per token
-        tokens = seq_len if whole or marks else (
-            ring_slots(pattern, seq_len) + sink_slots(pattern, seq_len))
-        return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value + marks
+        return state_bytes(m, layer, batch=batch, seq_len=seq_len,
+                           bytes_per_value=bytes_per_value)
 
     @classmethod
     def describe(cls, m: ModelConfig, layer: int) -> str:
-        opts = softmax_options(m)
-        pattern = masks.layer_pattern(opts, layer)
-        sink = ", learned sink" if opts.learned_sink else ""
-        if pattern is None:
-            nope = not opts.global_rope and (opts.window or opts.attention_chunk)
-            return f"(global{', no rotary' if nope else ''}{sink})"
-        window, _, chunk = masks.unpack(pattern)
-        what = f"chunked, chunk {chunk}" if chunk is not None else f"local, window {window}"
-        if isinstance(pattern, masks.Pattern) and pattern.sinks:
-            what += f", {pattern.sinks} sinks"
-        if isinstance(pattern, masks.Pattern) and pattern.global_tokens:
-            what += f", {pattern.global_tokens} global tokens"
-        if isinstance(pattern, masks.Pattern) and pattern.random_blocks:
-            what += f", {pattern.random_blocks} random blocks of {pattern.block_size}"
-        if isinstance(pattern, masks.Pattern) and pattern.marked:
-            what += f", token {opts.global_token_id} global"
-        return f"({what}{sink})"
+        return describe(m, layer)
 
     @classmethod
     def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:

@@ -48,6 +48,18 @@ class SoftmaxOptions:
     global_rope: bool = True  # false: the global layers of a local stack rotate nothing
     global_temperature: float = 0.0  # Llama 4's attn_scale on those no-rotary global layers
     temperature_floor: int = 8192  # Llama 4's floor_scale
+    # Transformer-XL memory of the global layers in a carry cache (memory.py): the inputs of
+    # the last n real tokens, detached (0 = none: each segment alone; null = the whole
+    # document, with its graph: data.segment_mode=split)
+    mem_len: int | None = 0
+    eval_mem_len: int | None = None  # the memory of an evaluation carry (null = mem_len)
+    # compressed memory (compress.py): what the memory evicts, compressed at this ratio (0 =
+    # dropped) into compress_len slots (null = mem_len // ratio) by mean pooling or a conv,
+    # trained by the attention-reconstruction loss of this weight
+    compress_ratio: int = 0
+    compress_len: int | None = None
+    compress_kind: str = "conv"
+    compress_loss: float = 1.0
 
 
 def softmax_options(m: ModelConfig) -> SoftmaxOptions:
@@ -57,6 +69,13 @@ def softmax_options(m: ModelConfig) -> SoftmaxOptions:
 def summary_rows(opts: SoftmaxOptions) -> list[tuple[str, str]]:
     """What the estimator's table shows for these options (``SoftmaxAttention.summary_rows``)."""
     rows = [("attention sink", "learned logit per head")] if opts.learned_sink else []
+    if opts.mem_len != 0:  # Transformer-XL memory of the global layers (memory.py)
+        ev = "" if opts.eval_mem_len is None else f", {opts.eval_mem_len} at evaluation"
+        rows.append(("XL memory", "the whole document" if opts.mem_len is None else
+                     f"last {opts.mem_len} tokens' layer inputs{ev}"))
+    if opts.compress_ratio and opts.mem_len:
+        rows.append(("compressed memory", f"ratio {opts.compress_ratio} ({opts.compress_kind}"
+                     f"), loss weight {opts.compress_loss}"))
     if opts.window is None and opts.attention_chunk is None:
         return rows
     g, kinds = opts.global_every, opts.layers
@@ -83,12 +102,121 @@ def summary_rows(opts: SoftmaxOptions) -> list[tuple[str, str]]:
     return rows
 
 
+def describe(m: ModelConfig, layer: int) -> str:
+    """``SoftmaxAttention.describe``: what layer ``layer`` sees, e.g. ``(global, memory 64
+    (+16 compressed))``, ``(local, window 128, 4 sinks)``."""
+    from blocklab.model import masks
+
+    opts = softmax_options(m)
+    pattern = masks.layer_pattern(opts, layer)
+    sink = ", learned sink" if opts.learned_sink else ""
+    if pattern is None:
+        nope = not opts.global_rope and (opts.window or opts.attention_chunk)
+        c = _compressed(m, layer)[1]
+        memory = ", memory: the whole document" if opts.mem_len is None else ""
+        if opts.mem_len:
+            memory = f", memory {opts.mem_len}" + (f" (+{c} compressed)" if c else "")
+        return f"(global{', no rotary' if nope else ''}{memory}{sink})"
+    window, _, chunk = masks.unpack(pattern)
+    what = f"chunked, chunk {chunk}" if chunk is not None else f"local, window {window}"
+    if isinstance(pattern, masks.Pattern) and pattern.sinks:
+        what += f", {pattern.sinks} sinks"
+    if isinstance(pattern, masks.Pattern) and pattern.global_tokens:
+        what += f", {pattern.global_tokens} global tokens"
+    if isinstance(pattern, masks.Pattern) and pattern.random_blocks:
+        what += f", {pattern.random_blocks} random blocks of {pattern.block_size}"
+    if isinstance(pattern, masks.Pattern) and pattern.marked:
+        what += f", token {opts.global_token_id} global"
+    return f"({what}{sink})"
+
+
+def _memory(m: ModelConfig, layer: int) -> int:
+    """Memory slots a global layer keeps in a training carry (0: none, or the whole document
+    when ``mem_len`` is null, priced as keeping every key); 0 for a local layer."""
+    from blocklab.model import masks
+
+    opts = softmax_options(m)
+    return (opts.mem_len or 0) if masks.layer_pattern(opts, layer) is None else 0
+
+
+def _compressed(m: ModelConfig, layer: int) -> tuple[int, int]:
+    """``(ratio, slots)`` of a global layer's compressed memory; (0, 0) without one."""
+    opts = softmax_options(m)
+    if not (_memory(m, layer) and opts.compress_ratio):
+        return 0, 0
+    n = opts.compress_len
+    return opts.compress_ratio, n if n is not None else max(1, opts.mem_len // opts.compress_ratio)
+
+
+def extra_params(m: ModelConfig, layer: int) -> int:
+    """A global layer's learned compressor: ``Conv1d(d, d, ratio)`` (``d²·ratio + d``)."""
+    ratio, _ = _compressed(m, layer)
+    conv = ratio and softmax_options(m).compress_kind == "conv"
+    return m.d_model * m.d_model * ratio + m.d_model if conv else 0
+
+
+def score_keys(m: ModelConfig, layer: int, *, seq_len: int) -> int:
+    """``SoftmaxAttention.score_keys``: ``T`` (a global layer; the full-context convention of
+    "PaLM", arXiv 2204.02311), ``T + mem_len`` with XL memory (memory.py), ``min(window + n,
+    T)`` (a local one: the blocked computation never scores far keys; ``n`` = sinks or global
+    tokens, whichever is more) or ``min(chunk + n, T)`` (a chunked one). An encoder's global
+    tokens also score every key (``g · T`` pairs per row, counted as ``2 n``); random blocks
+    ``r · s`` more; marked tokens (the data's) are not counted."""
+    from blocklab.model import masks
+
+    pattern = masks.layer_pattern(softmax_options(m), layer)
+    if pattern is None:
+        return seq_len + _memory(m, layer) + _compressed(m, layer)[1]
+    window, kept, chunk = masks.unpack(pattern)
+    if isinstance(pattern, masks.Pattern):  # global queries; r random blocks of s tokens
+        kept += pattern.global_tokens + pattern.random_blocks * pattern.block_size
+    return min((chunk if chunk is not None else window) + kept, seq_len)  # type: ignore
+
+
+def memory_flops(m: ModelConfig, layer: int, *, seq_len: int) -> float:
+    """FLOPs per token of recomputing an XL memory's projections each segment of ``T =
+    seq_len`` tokens: the one ``qkv`` call of [memory; segment] projects the ``M`` memory rows
+    too, ``2 · (H + 2·Hkv) · D · d · M / T``."""
+    rows = (m.n_heads + 2 * m.kv_heads) * m.head_dim
+    kept = _memory(m, layer) + _compressed(m, layer)[1]
+    # a conv compressor runs once per ratio evicted tokens (about one per segment token), not
+    # per token as 2 x its parameters (counted by the caller) would say: 2 d^2 per token
+    conv = extra_params(m, layer)
+    fix = 2.0 * m.d_model * m.d_model - 2.0 * conv if conv else 0.0
+    return 2.0 * rows * m.d_model * kept / seq_len + fix
+
+
+def state_bytes(m: ModelConfig, layer: int, *, batch: int, seq_len: int,
+                bytes_per_value: int) -> int:
+    """``SoftmaxAttention.state_bytes``: K and V of every token so far, or of what a local
+    layer's ring keeps — the ``min(window - 1, T)`` (``min(chunk - 1, T)``) last tokens and
+    ``min(sinks, T)`` sinks, constant past that: ``2 · B · H_kv · d_head · bytes`` per token.
+    A global layer with XL memory carries its inputs instead: ``B · mem_len · d · bytes``."""
+    from blocklab.model import masks
+    from blocklab.model.kv import ring_slots, sink_slots
+
+    if _memory(m, layer):
+        kept = _memory(m, layer) + _compressed(m, layer)[1]
+        return batch * kept * m.d_model * bytes_per_value
+    pattern = masks.layer_pattern(softmax_options(m), layer)
+    whole = pattern is None or getattr(pattern, "random_blocks", 0)  # every token so far
+    marks = batch * seq_len if getattr(pattern, "marked", False) else 0  # bool per token
+    tokens = seq_len if whole or marks else (
+        ring_slots(pattern, seq_len) + sink_slots(pattern, seq_len))
+    return 2 * batch * tokens * m.kv_heads * m.head_dim * bytes_per_value + marks
+
+
 def check_values(opts: SoftmaxOptions, key: str) -> None:
     """The values of softmax's options, whenever they are in use (cross-attention too)."""
     require(opts.scale is None or (finite(opts.scale) and opts.scale > 0),
             f"{key}.scale", opts.scale, "must be null (1/sqrt(d_head)) or a finite number > 0")
     require(finite(opts.dropout) and 0.0 <= opts.dropout < 1.0, f"{key}.dropout",
             opts.dropout, "must be in [0, 1)")
+    for name in ("mem_len", "eval_mem_len"):
+        n = getattr(opts, name)
+        require(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0),
+                f"{key}.{name}", n, "must be null or an integer >= 0 (tokens of XL memory)")
+    check_compression(opts, key)
     w, every, kinds = opts.window, opts.global_every, opts.layers
     require(w is None or (isinstance(w, int) and w >= 1), f"{key}.window", w,
             "must be null (global attention) or >= 1 (keys per query, the query included)")
@@ -110,6 +238,22 @@ def check_values(opts: SoftmaxOptions, key: str) -> None:
             f"does {key}.global_every={every}", "set global_every: 0 with an explicit list")
     require("local" in kinds, f"{key}.layers", kinds, "no layer would be local, so the "
             "window would change nothing", "window: null makes every layer global")
+
+
+def check_compression(opts: SoftmaxOptions, key: str) -> None:
+    """The compressed memory's options (compress.py), each refused in one line."""
+    r = opts.compress_ratio
+    require(isinstance(r, int) and (r == 0 or r >= 2), f"{key}.compress_ratio", r,
+            "must be 0 (evicted memory dropped) or >= 2 (tokens per compressed slot)")
+    require(r == 0 or bool(opts.mem_len), f"{key}.compress_ratio", r,
+            f"compresses evicted memory: set {key}.mem_len > 0")
+    n = opts.compress_len
+    require(n is None or (isinstance(n, int) and n >= 1), f"{key}.compress_len", n,
+            "must be null (mem_len // compress_ratio) or >= 1")
+    require(opts.compress_kind in ("mean", "conv"), f"{key}.compress_kind", opts.compress_kind,
+            "one of mean, conv")
+    require(finite(opts.compress_loss) and opts.compress_loss >= 0, f"{key}.compress_loss",
+            opts.compress_loss, "must be >= 0")
 
 
 def check_patterns(opts: SoftmaxOptions, key: str) -> None:

@@ -86,7 +86,9 @@ class Stack(nn.Module):
                   mem: str = "train") -> DecodeCache:
         if static and carry:
             raise ValueError("new_cache: carry=True writes functionally; static=True in place")
-        states = [b.attn.new_state(batch, capacity, dtype=dtype, device=device, static=static)
+        states = [b.attn.new_carry_state(batch, capacity, dtype=dtype, device=device, mem=mem)
+                  if carry and hasattr(b.attn, "new_carry_state") else  # XL memory (memory.py)
+                  b.attn.new_state(batch, capacity, dtype=dtype, device=device, static=static)
                   for b in self.blocks]
         cross = [None if b.cross is None else b.cross.new_state() for b in self.blocks]
         return DecodeCache(states, batch=batch, capacity=capacity, device=device,

@@ -61,7 +61,9 @@ def segment_loss(model: torch.nn.Module, batch: dict[str, Tensor], carry: Any, *
     total = torch.stack([p.total for p in parts]).sum()
     count = torch.stack([p.count for p in parts]).sum()
     correct = torch.stack([p.correct for p in parts]).sum() if accuracy else None
-    return LossOut(total / count.clamp(min=1), total, count, correct)
+    aux, carry.aux_loss = carry.aux_loss, None  # compressed memory's reconstruction loss
+    mean = total / count.clamp(min=1)
+    return LossOut(mean if aux is None else mean + aux, total, count, correct)
 
 
 class SegmentedLM(CausalLM):
