@@ -136,6 +136,8 @@ class DecodeCache:
         #: each row's last document id (-1: none yet; a carry cache's :meth:`enter`)
         self.last_doc = torch.full((batch,), -1, dtype=torch.long, device=device)
         self.memory: Tensor | None = None  # a carried memory beside the states (RMT's tokens)
+        #: what a row's memory restarts from (RMT's parameter; None while memory is None)
+        self.memory_init: Tensor | None = None
         self.aux_loss: Tensor | None = None  # an auxiliary loss of the last forward
         if carry:
             for rows in (*self._all(), *self.books.values()):
@@ -168,8 +170,9 @@ class DecodeCache:
     def nbytes(self) -> int:
         """Bytes held by the layers' decode states (what the estimator's state formula
         counts; the shared bookkeeping — a few integers per slot — and the cross-attention
-        K/V of the source are not counted)."""
-        return sum(s.nbytes for s in self.states if s is not None)
+        K/V of the source are not counted), plus a carried memory (RMT's tokens)."""
+        mem = 0 if self.memory is None else self.memory.nelement() * self.memory.element_size()
+        return sum(s.nbytes for s in self.states if s is not None) + mem
 
     def book(self, key: Hashable) -> Book:
         """The shared book ``key`` (a state named it in ``State.books``)."""
@@ -237,6 +240,7 @@ class DecodeCache:
         new.seen = self.seen.index_select(0, rows)
         new.next_position = self.next_position.index_select(0, rows)
         new.last_doc = self.last_doc.index_select(0, rows)
+        new.memory = None if self.memory is None else self.memory.index_select(0, rows)
         new.step = None
         if self.static:
             new.index = self.index.clone()
@@ -298,6 +302,9 @@ class DecodeCache:
         self.seen = torch.where(rows, zero, self.seen)
         self.next_position = torch.where(rows, zero, self.next_position)
         self.last_doc = torch.where(rows, zero - 1, self.last_doc)
+        if self.memory is not None:  # back to the initial memory (RMT)
+            init = self.memory_init.to(self.memory.dtype).expand_as(self.memory)
+            self.memory = torch.where(rows[:, None, None], init, self.memory)
 
     def detach(self) -> None:
         """Cut autograd's graph at every carried value (truncated backpropagation through

@@ -19,7 +19,7 @@ import enum
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from blocklab.config import ModelConfig
@@ -113,7 +113,8 @@ def count_params(m: ModelConfig) -> int:
         stacks = sum(_stack(m, n, cross=cross, causal=causal) for n, cross, causal in stacks_of(m))
         types = m.type_vocab_size * m.d_model
         head = ask(lookup("family", m.family.name), "head_param_count", m)
-        return m.vocab_size * m.d_model + types + stacks + head
+        memory = m.memory_tokens * m.d_model  # RMT's initial memory (model/rmt.py)
+        return m.vocab_size * m.d_model + types + stacks + head + memory
 
 
 def matmul_params(m: ModelConfig) -> int:
@@ -123,7 +124,7 @@ def matmul_params(m: ModelConfig) -> int:
         embed_and_head = (m.vocab_size * m.d_model * (1 if m.tie_embeddings else 2)
                           + m.type_vocab_size * m.d_model)
         return (count_params(m) - embed_and_head - len(stacks_of(m)) * _position(m)
-                + m.vocab_size * m.d_model)
+                + m.vocab_size * m.d_model - m.memory_tokens * m.d_model)
 
 
 @dataclass(frozen=True)
@@ -192,26 +193,34 @@ def estimate(m: ModelConfig, *, batch: int = 1, seq_len: int | None = None,
     training = 3× forward. Activations: ≈ s·b·d·(34 + 5·H·k/d) bytes per layer at 2-byte
     values, ``k`` the keys a query scores (0 for mixers without scores), without
     recomputation ("Reducing Activation Recomputation", arXiv 2205.05198). Decode state: the
-    sum of the layers' own state sizes. ``batch``, ``seq_len`` and ``bytes_per_value`` are
+    sum of the layers' own state sizes. RMT's ``model.memory_tokens = n`` (model/rmt.py): the
+    stack runs ``T + 2n`` tokens per segment of ``T`` (its FLOPs and activations × (T+2n)/T,
+    the head scores T), the state is the carried memory, ``B·n·d`` values. ``batch``, ``seq_len`` and ``bytes_per_value`` are
     checked (blocklab-estimate's ``batch_size``, ``seq_len``, ``bytes_per_value``), and the
     model as training checks it for that length (:func:`check_estimate`)."""
     t = m.max_seq_len if seq_len is None else seq_len  # 0 is checked, not taken as None
     check_estimate(m, batch=batch, seq_len=t, bytes_per_value=bytes_per_value)
+    n_mem = m.memory_tokens  # RMT: each segment runs between 2n memory tokens, carries n
+    run = t + 2 * n_mem
     with one_run():
         cross_layers = sum(n for n, cross, _ in stacks_of(m) if cross)
-        costs = layer_costs(m, batch=batch, seq_len=t, bytes_per_value=bytes_per_value)
+        costs = layer_costs(m, batch=batch, seq_len=run, bytes_per_value=bytes_per_value)
         params, n_mm = count_params(m), matmul_params(m)
     d_attn = m.n_heads * m.head_dim
     mixer_params = sum(c.params for c in costs)
-    forward = (2 * (n_mm - mixer_params) + sum(c.flops_per_token for c in costs)
-               + 4 * cross_layers * t * d_attn)
+    head = 2 * m.vocab_size * m.d_model  # scores the segment's T tokens only
+    forward = (2 * (n_mm - mixer_params) - head + sum(c.flops_per_token for c in costs)
+               + 4 * cross_layers * t * d_attn) * run / t + head
     scale = bytes_per_value / 2
-    activations = sum(t * batch * m.d_model * (34 + 5 * m.n_heads * c.score_keys / m.d_model)
+    activations = sum(run * batch * m.d_model * (34 + 5 * m.n_heads * c.score_keys / m.d_model)
                       * scale for c in costs)
+    if n_mem:  # the memory is the carried state; no layer keeps one
+        costs = [replace(c, state_bytes=0) for c in costs]
+    state = batch * n_mem * m.d_model * bytes_per_value + sum(c.state_bytes for c in costs)
     return Estimate(
         params=params, matmul_params=n_mm, train_flops_per_token=3.0 * forward,
         forward_flops_per_token=float(forward), activation_bytes=activations,
-        state_bytes=sum(c.state_bytes for c in costs), layers=tuple(costs),
+        state_bytes=state, layers=tuple(costs),
     )
 
 
@@ -270,6 +279,11 @@ def table(m: ModelConfig, e: Estimate, *, batch: int, seq_len: int, bytes_per_va
         (f"decode state (B={batch}, T={seq_len}, {bytes_per_value} B/value)",
          f"{e.state_bytes:,} B ({e.state_bytes / gib:.3f} GiB)"),
     ]
+    if m.memory_tokens:  # RMT (model/rmt.py)
+        grow = (seq_len + 2 * m.memory_tokens) / seq_len
+        rows.append(("memory tokens", f"{m.memory_tokens} read + written per segment of "
+                     f"{seq_len} (stack FLOPs x {grow:.3f}); the carried state is the memory, "
+                     "no layer state"))
     for name in dict.fromkeys(c.mixer for c in e.layers):  # each mixer in use, in order
         for row in getattr(lookup("mixer", name), "summary_rows", lambda _: [])(m):
             rows.insert(3, row)

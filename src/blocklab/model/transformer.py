@@ -32,6 +32,7 @@ from blocklab.model.heads import LMHead, MLMHead
 from blocklab.model.mixer import Sequence
 from blocklab.model.position import positions_from_segments, positions_from_valid
 from blocklab.model.residual import residual_outputs
+from blocklab.model.rmt import MemoryTokens, rmt_forward
 from blocklab.registry import lookup
 
 
@@ -196,7 +197,11 @@ class Model(nn.Module):
         compiled decoding. ``carry=True``: the state carried across training segments with
         autograd on (model/carry.py; ``capacity`` None unless a layer keeps every token;
         ``mem``: "train" or "eval" memory sizes)."""
-        ref = self.embed.weight
+        ref, rmt = self.embed.weight, getattr(self, "memory", None)
+        if carry and rmt is not None:  # RMT: the memory, no layer state (model/rmt.py)
+            return rmt.new_cache(self.decoder, batch, device=device or ref.device, mem=mem)
+        if rmt is not None and capacity is not None:  # decoding holds the read memory too
+            capacity += rmt.n
         return self.decoder.new_cache(batch, capacity, dtype=dtype or ref.dtype,
                                       device=device or ref.device, static=static, carry=carry,
                                       mem=mem)
@@ -220,6 +225,8 @@ class DecoderModel(Model):
         super().__init__(m)
         self.decoder = Stack(m, m.n_layers, causal=True, cross=False)
         self.head = LMHead(m, self.embed)
+        #: RMT's memory tokens (model/rmt.py), None without ``model.memory_tokens``
+        self.memory = MemoryTokens(m.memory_tokens, m.d_model) if m.memory_tokens else None
         self.init_weights()
 
     def forward(self, input_ids: Tensor, *, valid: Tensor | None = None,
@@ -230,6 +237,10 @@ class DecoderModel(Model):
         the (N, V) logits of the selected positions, in row-major order (probes score a few
         answer positions of long sequences without materialising every vocabulary row). With a
         ``cache`` and no ``positions``, positions continue after what the cache holds."""
+        if self.memory is not None:  # RMT: the segment between memory tokens
+            h = rmt_forward(self, input_ids, valid=valid, positions=positions,
+                            segments=segments, cache=cache, token_types=token_types)
+            return self.head(h if select is None else h[select])
         if positions is None:
             positions = default_positions(input_ids, valid, segments, cache)
         h = self.decoder(self.embed_tokens(input_ids, token_types), positions=positions,
