@@ -254,6 +254,15 @@ SPLIT = {"data__segment_mode": "split", "data__seq_len": 32}
     ("learned", {**SPLIT, "model__memory_tokens": 8, "model__max_seq_len": 40},
      "model.max_seq_len=40: the learned position table must cover a segment and its memory "
      "tokens: data.seq_len + 2 x model.memory_tokens = 48"),
+    ("learned", {**SPLIT, "data__doc_len": 128, "model__max_seq_len": 64},
+     "model.max_seq_len=64: positions continue across a document's segments: the learned "
+     "position table must cover data.doc_len=128"),
+    ("text", {**STREAM, "model__position__name": "learned", "model__max_seq_len": 4096},
+     "model.position.name='learned': positions continue across segments and a stream's never "
+     "end; a position table cannot follow them"),
+    ("text", {**STREAM, "model__mixer__name": "gated_conv", "model__position__name": "none"},
+     "data.segment_mode='stream': model.mixer.long_conv=true keeps every token of a document "
+     "and a stream's documents never end: use data.segment_mode=split"),
 ])
 def test_segment_mode_rules_fail_in_one_line(bases, base, keys, line):
     with pytest.raises(ConfigError) as err:

@@ -126,7 +126,7 @@ def test_mqar_segments_layout_puts_records_first_and_queries_last():
     from blocklab.config.validate_data import validate_mixture
     from blocklab.data.synthetic import SEP
 
-    cfg = DataConfig(seq_len=16, min_len=16, batch_size=4, segment_mode="split", doc_len=64,
+    cfg = DataConfig(seq_len=16, min_len=32, batch_size=4, segment_mode="split", doc_len=64,
                      tasks={"needle": 0.0, "mqar": 1.0}, mqar_pairs=3, mqar_layout="segments")
     mix = Mixture(cfg)
     seen = set()
@@ -151,3 +151,30 @@ def test_mqar_segments_layout_puts_records_first_and_queries_last():
                                           r"segment, queries in the last: needs "
                                           r"data\.segment_mode=split"):
         validate_mixture(bad)
+
+
+def test_a_document_of_one_segment_holds_its_records_then_its_queries():
+    """The first stage of a curriculum over the number of segments (RMT's): one segment, its
+    records in the first half and its queries in the second; split-mode lengths are whole
+    segments, so stages of 1 and 2 segments mix at the second stage."""
+    from blocklab.config import ConfigError
+    from blocklab.config.validate_data import validate_mixture
+    from blocklab.data.synthetic import SEP
+
+    cfg = DataConfig(seq_len=16, min_len=16, batch_size=4, segment_mode="split", doc_len=32,
+                     tasks={"needle": 0.0, "mqar": 1.0}, mqar_pairs=1, mqar_layout="segments",
+                     curriculum=[[0, 16], [10, 32]])
+    mix = Mixture(cfg)
+    early = [mix(i, 0) for i in range(16)]
+    assert all(len(e.tokens) == 16 and e.meta["segments_back"] == 0 for e in early)
+    for e in early:
+        (u,) = [u for u, t in enumerate(e.targets) if t]
+        assert u >= 8 and e.tokens[u - 2] == SEP  # the query in the second half
+        k = e.tokens[u - 1]
+        assert k in e.tokens[1:7] and e.tokens[e.tokens.index(k, 1) + 1] == e.tokens[u]
+    later = {len(mix(i, 10).tokens) for i in range(0, 64, 4)}  # one length per batch of 4
+    assert later == {16, 32}  # whole segments only: one or two
+    with pytest.raises(ConfigError, match=r"data\.mqar_pairs=3: a document of one segment"):
+        validate_mixture(DataConfig(seq_len=16, min_len=16, segment_mode="split", doc_len=32,
+                                    tasks={"needle": 0.0, "mqar": 1.0}, mqar_pairs=3,
+                                    mqar_layout="segments"))

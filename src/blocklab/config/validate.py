@@ -1,7 +1,8 @@
 """One validator per composed config, in sections by config group: every value and every
 cross-field rule of the schema is checked before anything is built or written. The model's
 rules are in validate_model.py (each component's own rules beside the component), the data's
-in validate_data.py, a probe spec's in probes.py; all are re-exported here."""
+in validate_data.py, a segment mode's in validate_segments.py, a probe spec's in probes.py; all
+are re-exported here."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from blocklab.config.validate_model import (  # noqa: F401  (re-exported)
     validate_model,
     validate_model_options,
 )
+from blocklab.config.validate_segments import validate_segment_run
 from blocklab.errors import ConfigError
 
 
@@ -249,71 +251,6 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
     for key in ("probes", "checkpoint_probes"):  # each as it runs for this tokenizer
         setattr(tc, key, validate_run_probe_spec(getattr(tc, key), tc, key))
     return tc
-
-
-def validate_segment_run(tc: TrainConfig) -> None:
-    """The rules between ``data.segment_mode`` and the model and trainer (docs/memory.md): a
-    causal decoder carries state from segment to segment; stream mode runs on one process and
-    needs a row of >= 1 segments; forwards that write state are neither re-run (activation
-    checkpointing) nor traced (compile); RMT's memory tokens travel with one document."""
-    mode, t, m = tc.data.segment_mode, tc.trainer, tc.model
-    n = m.memory_tokens
-    _check(n >= 0, "model.memory_tokens", n, "must be >= 0 (0 = no memory tokens)")
-    _check(n == 0 or mode == "split", "model.memory_tokens", n,
-           "memory tokens travel with one document: data.segment_mode=split")
-    if n:
-        _check(not m.mixer.get("mem_len"), "model.memory_tokens", n,
-               f"memory tokens and model.mixer.mem_len={m.mixer.get('mem_len')} are two "
-               "memories; use one (for now)")
-        from blocklab import registry
-
-        scheme = registry.lookup("position", m.position.name, "model.position.name")
-        limit = scheme.positions_limit(m.position, max_seq_len=m.max_seq_len)
-        need = tc.data.seq_len + 2 * n
-        _check(limit is None or limit >= need, "model.max_seq_len", m.max_seq_len,
-               f"the {m.position.name} position table must cover a segment and its memory "
-               f"tokens: data.seq_len + 2 x model.memory_tokens = {need}")
-    check_xl_memory(tc)
-    if mode == "none":
-        return
-    key = "data.segment_mode"
-    _check(m.family.name == "decoder", key, mode,
-           f"carried state needs a causal decoder (model.family.name=decoder, not "
-           f"{m.family.name})")
-    _check(mode != "stream" or (t.devices == 1 and t.num_nodes == 1), key, mode,
-           f"stream runs on one process for now (trainer.devices={t.devices}, "
-           f"trainer.num_nodes={t.num_nodes})")
-    _check(mode != "stream" or t.bptt >= 1, "trainer.bptt", t.bptt,
-           "stream mode reads rows of trainer.bptt segments: must be >= 1 "
-           "(0 = the whole document is for data.segment_mode=split)")
-    for name, why in (("activation_checkpointing", "would re-run"), ("compile", "would trace")):
-        _check(not getattr(t, name), f"trainer.{name}", True,
-               f"{why} forwards that write carried state ({key}={mode})",
-               f"set trainer.{name}=false")
-
-
-def check_xl_memory(tc: TrainConfig) -> None:
-    """``model.mixer.mem_len`` (softmax's XL memory, model/memory.py) against the data and the
-    positions: a memory is carried only in a segment mode; the whole document (null) only in
-    split mode; a memory of earlier segments' tokens needs relative positions."""
-    m, mode = tc.model, tc.data.segment_mode
-    if "mem_len" not in m.mixer:
-        return
-    n = m.mixer.get("mem_len")
-    _check(n is not None or mode == "split", "model.mixer.mem_len", n,
-           "null keeps every key of the document: needs data.segment_mode=split (not "
-           f"{mode})")
-    if not n:
-        return
-    _check(mode != "none", "model.mixer.mem_len", n,
-           "memory across segments needs data.segment_mode=split or stream")
-    from blocklab import registry
-
-    scheme = registry.lookup("position", m.position.name, "model.position.name")
-    root = next(c for c in reversed(scheme.__mro__) if "embed" in vars(c))  # adds nothing
-    _check(scheme.embed is root.embed, "model.mixer.mem_len", n,
-           "memory across segments needs relative positions (rotary, a score bias or none); "
-           f"model.position.name={m.position.name} embeds absolute ones")
 
 
 def validate_run_probe_spec(spec: ProbeSpec, tc: TrainConfig, key: str = "probes") -> ProbeSpec:

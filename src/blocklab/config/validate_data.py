@@ -139,6 +139,14 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
     _check(d.mqar_layout != "segments" or (d.segment_mode == "split" and top >= 2 * d.seq_len),
            f"{key}.mqar_layout", d.mqar_layout, "records in the first segment, queries in the "
            "last: needs data.segment_mode=split and data.doc_len >= 2 x data.seq_len")
+    if d.mqar_layout == "segments" and d.mqar_pairs and "mqar" in used and \
+            d.min_len < 2 * d.seq_len:  # documents of one segment: records, then queries
+        n, t = d.mqar_pairs, d.seq_len
+        _check(t // 2 - 1 >= 2 * n and t - t // 2 >= 3 * n, f"{key}.mqar_pairs", n,
+               f"a document of one segment (data.min_len={d.min_len} < 2 x data.seq_len) "
+               f"holds its records in the first half of data.seq_len={t} and its queries in "
+               f"the second: {n} pairs need data.seq_len >= {2 * max(2 * n + 1, 3 * n)} "
+               "(or data.min_len >= 2 x data.seq_len)")
     _check(d.mqar_min_pairs is None or d.mqar_pairs is not None, f"{key}.mqar_min_pairs",
            d.mqar_min_pairs, "needs data.mqar_pairs (the Zoology layout) set")
     _check(d.mqar_layout == "spread" or d.mqar_pairs is not None, f"{key}.mqar_layout",

@@ -29,7 +29,9 @@ def task_weights(cfg: DataConfig) -> dict[str, float]:
 class Mixture:
     """``mixture(index, step)`` -> Example; tasks drawn by weight per example, one length per
     batch uniform in ``[min_len, max_len(step)]``, where max_len follows the short-to-long
-    ``curriculum`` stages (docs/probes.md: key matching is learned on short sequences first)."""
+    ``curriculum`` stages (docs/probes.md: key matching is learned on short sequences first);
+    with ``data.segment_mode=split``, a number of whole segments uniform over that range (the
+    curriculum then grows the number of segments)."""
 
     def __init__(self, cfg: DataConfig, *, salt: str = "train", only: list[str] | None = None,
                  length: int | None = None) -> None:
@@ -61,7 +63,14 @@ class Mixture:
         # One length per batch (indices of a batch are consecutive): no padding waste.
         batch_rng = example_rng(c.seed, index // c.batch_size, self.salt + ":length")
         hi = longest(c) if step is None else self.max_len(step)
-        length = self.length or batch_rng.randint(min(c.min_len, hi), hi)
+        lo = min(c.min_len, hi)
+        if self.length:
+            length = self.length
+        elif c.segment_mode == "split" and hi >= c.seq_len:  # whole segments, not padding
+            t = c.seq_len
+            length = t * batch_rng.randint(max(-(-lo // t), 1), hi // t)
+        else:
+            length = batch_rng.randint(lo, hi)
         task = self.tasks[name]
         return task.generate(rng, self.vocab, length, seed=c.seed, **task.draw(c, rng))
 

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blocklab.model.masks import cross_visibility
+
 
 def kv_weights(layer: Any) -> tuple[Tensor, Tensor | None]:
     """The layer's fused projection, key/value rows *detached* (the stop-gradient of the
@@ -108,9 +110,9 @@ def reconstruction_loss(layer: Any, q: Tensor, old: Tensor, old_ok: Tensor, c: T
         kv = F.linear(x, w[h * dh:], None if bias is None else bias[h * dh:])
         k, v = kv.view(*x.shape[:2], 2 * hkv, dh).transpose(1, 2).split((hkv, hkv), 1)
         k, v = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1)
-        s = torch.einsum("bhqd,bhkd->bhqk", q, k) * (layer.scale or dh ** -0.5)
-        p = s.masked_fill(~ok[:, None, None], float("-inf")).softmax(-1).nan_to_num(0.0)
-        return torch.einsum("bhqk,bhkd->bhqd", p, v)
+        # only the valid slots (masks.py's key-validity rule); a query with none gets zeros
+        return F.scaled_dot_product_attention(q, k, v, **cross_visibility(ok).sdpa_kwargs(),
+                                              scale=layer.scale or dh ** -0.5)
 
     w, bias = layer.qkv.weight, layer.qkv.bias
     want = attend(old, old_ok, w.detach(), None if bias is None else bias.detach()).detach()

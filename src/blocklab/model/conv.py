@@ -312,6 +312,10 @@ class GatedConv(Mixer):
         return batch * m.d_model * slots * bytes_per_value
 
     @classmethod
+    def growing_carry(cls, m: ModelConfig) -> str | None:
+        return "model.mixer.long_conv=true" if m.mixer.read(ConvOptions).long_conv else None
+
+    @classmethod
     def check(cls, m: ModelConfig, layer: int, *, causal: bool, key: str) -> None:
         o = m.mixer.read(ConvOptions)
         require(o.short_conv >= 1, f"{key}.short_conv", o.short_conv,

@@ -357,6 +357,13 @@ class Mixer(nn.Module):
         return ""
 
     @classmethod
+    def growing_carry(cls, m: ModelConfig) -> str | None:
+        """The option (``"model.mixer.<key>=<value>"``) that makes this mixer's carried state
+        grow with the document (it keeps every token: ``data.segment_mode=stream``, whose
+        documents never end, refuses it); None when the state is bounded (the default)."""
+        return None
+
+    @classmethod
     def summary_rows(cls, m: ModelConfig) -> list[tuple[str, str]]:
         """Rows the estimator's table shows for this mixer's options (softmax: its window);
         none by default."""

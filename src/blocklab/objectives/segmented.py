@@ -28,13 +28,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from blocklab.config import DataConfig
 from blocklab.data.segment_collate import SegmentCollate
 from blocklab.data.synthetic import Example
-from blocklab.model.carry import first_documents
-from blocklab.objectives.core import CausalLM, LossOut, token_loss
+from blocklab.model.carry import first_documents, run_segments
+from blocklab.objectives.core import CausalLM, LossOut, pad_rows, token_loss
 
 
 def segment_loss(model: torch.nn.Module, batch: dict[str, Tensor], carry: Any, *,
@@ -82,6 +83,52 @@ class SegmentedLM(CausalLM):
 
     def collate(self, examples: list[Example]) -> dict[str, Tensor]:
         return SegmentCollate(self.mode, self.seg_len, pad=self.specials.pad)(examples)
+
+    # Probes, perplexity and blocklab-eval read a long input the way training did: segment by
+    # segment through a fresh evaluation carry (not one forward over everything, nor a decode
+    # cache that keeps every key).
+    shares_prefix = False  # a shared-prefix K/V cache would read the prompt whole
+
+    def _carried(self, model: torch.nn.Module, ids: Tensor, valid: Tensor | None,
+                 segments: Tensor | None, room: int = 0) -> tuple[Tensor, Any]:
+        carry = model.new_cache(ids.shape[0], ids.shape[1] + room, carry=True, mem="eval")
+        return run_segments(model, ids, seg_len=self.seg_len, cache=carry, valid=valid,
+                            segments=segments), carry
+
+    def logits(self, model: torch.nn.Module, batch: dict[str, Tensor], **kw: Tensor) -> Tensor:
+        """(B, T, V) read segment by segment (``select``: the (N, V) rows it marks)."""
+        out, _ = self._carried(model, batch["input_ids"], batch.get("valid"),
+                               batch.get("segments"))
+        select = kw.get("select")
+        return out if select is None else out[select]
+
+    def token_nll(self, model: torch.nn.Module, windows: Tensor) -> Tensor:
+        logits, _ = self._carried(model, windows[:, :-1], None, None)
+        return F.cross_entropy(logits.float().transpose(1, 2), windows[:, 1:], reduction="none")
+
+    @torch.no_grad()
+    def greedy(self, model: torch.nn.Module, prompts: list[list[int]],
+               max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuation: the (left-padded) prompts read segment by segment, then one
+        token per forward through the same carry (what the memory kept is what it reads)."""
+        if max_new_tokens < 1:
+            return [[] for _ in prompts]
+        ids, valid = pad_rows(prompts, left=True, pad=self.specials.pad)
+        logits, carry = self._carried(model, ids, valid, None, room=max_new_tokens)
+        eos = self.specials.eos
+        token = logits[:, -1].argmax(-1)
+        done = torch.zeros(len(prompts), dtype=torch.bool)
+        out = []
+        for i in range(max_new_tokens):
+            token = token.where(~done, eos)
+            done |= token == eos
+            out.append(token)
+            if i == max_new_tokens - 1 or bool(done.all()):
+                break
+            carry.enter(carry.last_doc)
+            token = model(token[:, None], cache=carry)[:, -1].argmax(-1)
+        rest = [torch.full_like(token, eos)] * (max_new_tokens - len(out))
+        return torch.stack(out + rest, 1).tolist()
 
     def new_carry(self, model: torch.nn.Module, batch: int, *, length: int,
                   mem: str = "train") -> Any:

@@ -95,6 +95,23 @@ class Beats(Check):
 
 
 @dataclass(frozen=True)
+class LowerBy(Check):
+    """A loss-like metric: the arm's at most the other arm's minus ``margin``, seed by seed."""
+
+    other: str = ""
+    margin: float = 0.0
+
+    def expected(self) -> str:
+        return f"{self.metric}: {self.arm} <= {self.other} - {self.margin:g} on every seed"
+
+    def evaluate(self, results: Results) -> tuple[str, bool]:
+        a, b = self.tallies(results), self.tallies(results, self.other)
+        ok = len(a) == len(b) > 0 and all(x.rate <= y.rate - self.margin
+                                          for x, y in zip(a, b, strict=True))
+        return f"{self.arm} {describe(a)} vs {self.other} {describe(b)}", ok
+
+
+@dataclass(frozen=True)
 class AtChance(Check):
     chance: float = 0.0
 

@@ -84,21 +84,33 @@ def _scatter(rng: random.Random, vocab: Vocab, items: list[list[int]], room: int
 def mqar_segments(rng: random.Random, vocab: Vocab, length: int, n: int, seg_len: int
                   ) -> Example:
     """MQAR across segments (``data.mqar_layout=segments``, for memory across segments, RMT /
-    BABILong's setting: arXiv 2207.06881, 2406.10149): ``max(length // seg_len, 2)`` segments;
-    BOS and the ``n`` records ``k v`` at uniform places in the first, the ``n`` queries
-    ``SEP k v`` (random order) at uniform places in the last, i.i.d. filler everywhere else.
-    Only a memory that reaches ``meta["segments_back"]`` segments back answers."""
+    BABILong's setting: arXiv 2207.06881, 2406.10149): ``length // seg_len`` segments; BOS and
+    the ``n`` records ``k v`` at uniform places in the first, the ``n`` queries ``SEP k v``
+    (random order) at uniform places in the last, i.i.d. filler everywhere else. Only a memory
+    that reaches ``meta["segments_back"]`` segments back answers. A document of one segment
+    (a curriculum over the number of segments starts there, as RMT's does) holds its records in
+    the segment's first half and its queries in the second: the recall a single segment's
+    attention learns, the same circuit a memory then carries across segments."""
     if 3 * n > seg_len:
         raise ValueError(f"mqar: {n} pairs need segments of >= {3 * n} tokens, got {seg_len}")
-    segs = max(length // seg_len, 2)
+    segs = max(length // seg_len, 1)
     keys, values = rng.sample(vocab.keys, n), rng.sample(vocab.values, n)
-    first, _ = _scatter(rng, vocab, [[k, v] for k, v in zip(keys, values)], seg_len - 1)
     order = rng.sample(range(n), n)
-    last, answers = _scatter(rng, vocab, [[SEP, keys[j], values[j]] for j in order], seg_len)
-    middle = rng.choices(vocab.filler, k=(segs - 2) * seg_len)
-    tokens = [BOS, *first, *middle, *last]
+    queries = [[SEP, keys[j], values[j]] for j in order]
+    records = [[k, v] for k, v in zip(keys, values)]
+    if segs == 1:
+        half = seg_len // 2
+        if 2 * n > half - 1 or 3 * n > seg_len - half:
+            raise ValueError(f"mqar: {n} pairs do not fit one segment of {seg_len} tokens")
+        first, _ = _scatter(rng, vocab, records, half - 1)
+        last, answers = _scatter(rng, vocab, queries, seg_len - half)
+        tokens, start = [BOS, *first, *last], half
+    else:
+        first, _ = _scatter(rng, vocab, records, seg_len - 1)
+        last, answers = _scatter(rng, vocab, queries, seg_len)
+        middle = rng.choices(vocab.filler, k=(segs - 2) * seg_len)
+        tokens, start = [BOS, *first, *middle, *last], (segs - 1) * seg_len
     targets = [False] * len(tokens)
-    start = (segs - 1) * seg_len
     for a in answers:
         targets[start + a] = True
     return Example(tokens, targets, {"task": "mqar", "n_records": n,

@@ -24,11 +24,13 @@ from blocklab.repro.experiments import (
     chunked,
     extrapolation,
     listops,
+    memory_recall,
     mqar,
     recall_state,
     receptive_field,
     shakespeare_char,
     sinks,
+    xl_memory,
 )
 from blocklab.repro.protocol import Experiment
 
@@ -57,4 +59,6 @@ EXPERIMENTS: dict[str, Callable[[str], Experiment]] = {
     "listops": listops.make,
     "chunked": chunked.make,
     "sinks": sinks.make,
+    "xl_memory": xl_memory.make,
+    "memory_recall": memory_recall.make,
 }
