@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from blocklab.data import synthetic as syn
-from blocklab.data.segment_collate import IGNORE, SegmentCollate
 from blocklab.data.tasks.mqar import mqar_segments
+from blocklab.objectives import IGNORE, SegmentedLM
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
 from blocklab.repro.protocol import SIZES, Arm, Experiment, Protocol, swap
@@ -103,19 +103,15 @@ def examples(vocab: syn.Vocab, *, size: str, segments: int, seed: int = ms.EVAL_
 def carried_accuracy(model: torch.nn.Module, docs: list[syn.Example], *, seg_len: int,
                      batch_size: int = 64) -> ms.Tally:
     """Query accuracy of ``docs`` read ``seg_len`` tokens at a time with an evaluation carry
-    (the argmax after each prefix against every supervised token)."""
-    from blocklab.model.carry import run_segments
-
-    collate = SegmentCollate("split", seg_len)
+    (the argmax after each prefix against every supervised token): the segment-mode
+    objective's own batches and reading."""
+    objective = SegmentedLM(seg_len=seg_len, mode="split")
     tally = ms.Tally()
     for start in range(0, len(docs), batch_size):
-        batch = collate(docs[start:start + batch_size])
-        ids, labels = batch["input_ids"], batch["labels"]
-        carry = model.new_cache(ids.shape[0], ids.shape[1], carry=True, mem="eval")
-        logits = run_segments(model, ids, seg_len=seg_len, cache=carry, valid=batch["valid"],
-                              segments=batch["segments"])
-        hit = logits.argmax(-1) == labels
-        for row in range(ids.shape[0]):
+        batch = objective.collate(docs[start:start + batch_size])
+        labels = batch["labels"]
+        hit = objective.logits(model, batch).argmax(-1) == labels
+        for row in range(labels.shape[0]):
             on = labels[row] != IGNORE
             tally.add(hit[row][on].tolist())
     return tally

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from blocklab.objectives import SegmentedLM
 from blocklab.repro import checks as ck
 from blocklab.repro import measure as ms
 from blocklab.repro import text as tx
@@ -74,12 +74,8 @@ def _protocol(size: str) -> Protocol:
 @torch.no_grad()
 def carried_losses(model: torch.nn.Module, ids: torch.Tensor, seg_len: int) -> torch.Tensor:
     """(B, N) ids -> (B, N - 1) per-token losses, read ``seg_len`` tokens at a time from a fresh
-    evaluation carry (one document per row)."""
-    from blocklab.model.carry import run_segments
-
-    carry = model.new_cache(ids.shape[0], ids.shape[1], carry=True, mem="eval")
-    logits = run_segments(model, ids[:, :-1], seg_len=seg_len, cache=carry)
-    return F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")
+    evaluation carry (one document per row): the segment-mode objective's own reading."""
+    return SegmentedLM(seg_len=seg_len, mode="stream").token_nll(model, ids)
 
 
 def _measure_for(size: str):
