@@ -16,65 +16,20 @@ default (``auto``) whenever the run has one.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 
+from blocklab.data.haystack import (  # noqa: F401 (the names the probes import from here)
+    LONG_SENTENCE,
+    haystack_sentences,
+    sentences_of,
+    source_texts,
+)
 from blocklab.eval.items import NotApplicable, PerplexityText
 
 #: Share of a text's 32-token spans that may occur earlier in it before it counts as repeating
 #: (natural text: about 0; the Shakespeare plays: under 0.01; a text read twice: 0.5).
 MAX_REPEATED = 0.05
 REPEAT_SPAN = 32
-
-
-def source_texts(source: str, essay: str) -> list[tuple[str, str]]:
-    """(name, text) documents of a built-in source or a text file, in a fixed order."""
-    if source == "essay":
-        return [("essay", essay)]
-    if source == "shakespeare":
-        from blocklab.data.sources import CORPORA
-
-        return [(Path(f).name, Path(f).read_text(encoding="utf-8", errors="replace"))
-                for f in CORPORA["shakespeare"]()]
-    path = Path(source)
-    if not path.is_file():
-        raise ValueError(f"{source!r}: not 'essay', 'shakespeare' or a readable text file")
-    return [(path.name, path.read_text(encoding="utf-8", errors="replace"))]
-
-
-#: A sentence longer than this (characters) is cut at its line breaks: verse and speeches run
-#: on for many lines without a full stop, and a short context must still hold a few boundaries.
-LONG_SENTENCE = 200
-
-
-def sentences_of(text: str) -> list[str]:
-    """The units a haystack is cut at: whole sentences of ``text`` — a long one cut at its line
-    breaks (:data:`LONG_SENTENCE`) — whitespace folded, none holding a digit (never a stray
-    number beside a needle's value)."""
-    out = []
-    for sentence in re.split(r"(?<=[.!?])\s+", text):
-        parts = (sentence.splitlines() if len(sentence) > LONG_SENTENCE else [sentence])
-        out += [" ".join(part.split()) for part in parts]
-    return [s for s in out if len(s) > 1 and not re.search(r"\d", s)]
-
-
-def haystack_sentences(source: str, essay: str, *, avoid: Sequence[str] = (),
-                       max_chars: int = 2_000_000) -> list[str]:
-    """The haystack's sentences, in text order: of ``source``'s documents up to about
-    ``max_chars`` characters, dropping any that names one of ``avoid`` (the probes' keys: a
-    haystack sentence about "Hector" would be a second needle of sorts)."""
-    names = re.compile(r"\b(" + "|".join(map(re.escape, avoid)) + r")\b") if avoid else None
-    out: list[str] = []
-    used = 0
-    for _, text in source_texts(source, essay):
-        if used >= max_chars:
-            break
-        used += len(text)
-        out += [s for s in sentences_of(text) if names is None or not names.search(s)]
-    if len(out) < 4:
-        raise ValueError(f"probes.text.haystack={source!r}: fewer than 4 usable sentences")
-    return out
 
 
 def check_not_repeating(text: PerplexityText) -> None:

@@ -28,54 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from blocklab.config import ProbeSpec
+from blocklab.data.haystack import ESSAY, place
 from blocklab.data.synthetic import example_rng
 from blocklab.eval.items import Cell, NotApplicable, PerplexityText, ProbeItem, fits
 from blocklab.eval.texts import haystack_sentences, perplexity_text
-
-# Plain, number-free filler sentences (the "essay" haystack): varied, unremarkable, and unable to
-# be confused with a needle.
-ESSAY = """\
-The morning light came slowly over the hills behind the old farmhouse.
-A narrow road wound between the fields and disappeared into the trees.
-Most people in the village woke early and went to bed before dark.
-The river was wide and shallow, and children waded in it every summer.
-On market days the square filled with carts, voices and the smell of bread.
-Nobody remembered exactly when the stone bridge had been built.
-The teacher kept a small garden of herbs beside the schoolhouse.
-In winter the wind blew hard from the north and the ponds froze.
-Travelers often stopped at the inn to rest their horses and share news.
-The library held more books than anyone could read in a lifetime.
-A clock tower stood at the center of town and rang on the hour.
-Fishermen mended their nets on the quay while the gulls circled overhead.
-The forest paths were quiet except for birds and the creak of branches.
-Every autumn the orchards were heavy with apples and pears.
-The baker rose long before sunrise to light the ovens.
-Letters arrived once a week, carried over the pass by a patient mule.
-The old mill turned steadily as long as the stream ran high.
-Some evenings the whole street gathered to listen to music in the square.
-The hills were covered in heather that turned purple late in the summer.
-A lighthouse on the point guided ships safely past the rocks.
-The blacksmith's hammer could be heard from one end of the lane to the other.
-Rain fell softly on the roofs and gathered in the gutters.
-The museum displayed maps, tools and portraits from earlier times.
-Students walked to the university along a path lined with tall trees.
-The harbor was calm in the early hours before the boats went out.
-Snow covered the mountain tops for most of the year.
-The town council met in a hall with high windows and wooden benches.
-A small cafe on the corner served coffee and cake to anyone who asked.
-The meadow was full of wildflowers and the hum of bees.
-Old stories said that a giant once slept beneath the hill.
-The train station was busy every morning with people going to work.
-Sheep grazed on the slopes while the shepherd watched from a rock.
-The castle ruins attracted visitors who liked to imagine the past.
-Lanterns were lit along the canal when the evening grew dark.
-The gardener trimmed the hedges into neat and careful shapes.
-A gentle breeze carried the scent of pine across the valley.
-The potter shaped bowls and jugs on a wheel in her workshop.
-Clouds gathered over the sea and the sky turned grey.
-The choir practiced in the chapel every Thursday evening.
-A wooden fence marked the border between the two farms.
-"""
 
 KEYS = ("Alice", "Bruno", "Clara", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Ines",
         "Jonas", "Kira", "Luca", "Maya", "Nadia", "Oskar", "Priya", "Quentin", "Rosa", "Samir",
@@ -260,26 +216,7 @@ class TextBuilder:
         haystack's tokens); statements sharing a boundary keep the order of their depths (ties:
         list order), so the order of appearance is the order of ``depths`` — chains keep their
         order. Returns the context and each statement's character offset in it."""
-        bounds = [0]
-        for s in hay:
-            bounds.append(bounds[-1] + self.sent_ntok(s))
-        total = bounds[-1]
-        at: dict[int, list[int]] = {}
-        for i in sorted(range(len(stmts)), key=lambda i: (depths[i], i)):
-            slot = min(range(len(bounds)), key=lambda b: abs(bounds[b] - depths[i] * total))
-            at.setdefault(slot, []).append(i)
-        parts: list[str] = []
-        chars = [0] * len(stmts)
-        pos = 0
-        for b in range(len(bounds)):
-            for i in at.get(b, []):
-                chars[i] = pos
-                parts.append(stmts[i])
-                pos += len(stmts[i]) + 1
-            if b < len(hay):
-                parts.append(hay[b])
-                pos += len(hay[b]) + 1
-        return " ".join(parts), chars
+        return place(hay, stmts, depths, self.sent_ntok)
 
     def scatter(self, rng: random.Random, length: int, stmts: list[str], depths: list[float],
                  question: str, prefix: str, answer: str) -> Layout:
