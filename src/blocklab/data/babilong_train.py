@@ -199,10 +199,8 @@ def haystack_identity(source: str, docs: list[tuple[str, str]], how: str) -> Any
     return [(n, digest(x)) for n, x in docs]
 
 
-def babilong_streams(data: DataConfig, tok_cfg: TokenizerConfig):
-    """The :class:`~blocklab.data.streams.Streams` of ``data.name=babilong``."""
-    from blocklab.data.streams import Streams
-
+def babilong_streams(data: DataConfig, tok_cfg: TokenizerConfig) -> dict[str, Any]:
+    """The fields of the :class:`~blocklab.data.streams.Streams` of ``data.name=babilong``."""
     docs = haystack_documents(data.haystack)
     train_s, val_s = split_sentences(docs)
     tok, specials = tokenizer_for(data, tok_cfg, docs)
@@ -239,6 +237,6 @@ def babilong_streams(data: DataConfig, tok_cfg: TokenizerConfig):
                  f"validation: the last {len(val_s):,} sentences, other stories); facts at "
                  f"depths {data.babilong_depth[0]:g}..{data.babilong_depth[1]:g}; no haystack "
                  f"sentence naming any of the {len(VOCABULARY)} bAbI words is used")
-    return Streams(train=train, val=lambda i, step=None: val(i, None), tokenizer=tok_json,
-                   vocab_size=tok.get_vocab_size(), fingerprint=digest(spec),
-                   description=described, specials=specials)
+    return {"train": train, "val": lambda i, step=None: val(i, None), "tokenizer": tok_json,
+            "vocab_size": tok.get_vocab_size(), "fingerprint": digest(spec),
+            "description": described, "specials": specials}

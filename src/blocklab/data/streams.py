@@ -54,7 +54,7 @@ def build_streams(data: DataConfig, tokenizer: TokenizerConfig, *, bptt: int = 1
         from blocklab.config import validate_data
         from blocklab.data.babilong_train import babilong_streams
 
-        return babilong_streams(validate_data(data, tokenizer), tokenizer)
+        return Streams(**babilong_streams(validate_data(data, tokenizer), tokenizer))
     if tokenizer.name is not TokenizerName.synthetic:
         raise ConfigError(f"config error: tokenizer.name={tokenizer.name.value!r}: synthetic "
                           "data uses tokenizer=synthetic")
