@@ -157,6 +157,8 @@ def build_sample(story: Story, sentences: Sequence[str], length: int, ntok: Call
     budget = length - fixed
     hay: list[str] = []
     if budget > 0:
+        if len(sentences) < 2:
+            raise TooShort(f"a haystack of {len(sentences)} sentence(s) holds no context")
         for attempt in range(8):
             start = 1 + rng.randrange(len(sentences) - 1) if attempt < 7 else 1
             hay, used, more = _run(sentences, start, budget, count)
