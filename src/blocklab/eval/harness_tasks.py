@@ -30,11 +30,12 @@ def harness_dir(root: Path, settings: dict[str, Any]) -> Path:
 
 def headline(results: dict[str, Any]) -> dict[str, float]:
     """``harness/<task>/<metric>`` for every finite numeric metric (filters kept in the name as
-    the harness writes them, ``acc,none``; standard errors left out)."""
+    the harness writes them, ``acc,none``; standard errors and sample counts left out)."""
     out = {}
     for task, metrics in sorted((results.get("results") or {}).items()):
         for key, value in metrics.items():
-            if "_stderr" in key or isinstance(value, bool) or not isinstance(value, int | float):
+            if ("_stderr" in key or key == "sample_len" or isinstance(value, bool)
+                    or not isinstance(value, int | float)):
                 continue
             if math.isfinite(value):
                 out[f"harness/{task}/{key}"] = float(value)
@@ -85,7 +86,7 @@ def task_manager(tasks: list[str], include: str | None):
 def headline_lines(scalars: dict[str, float]) -> list[str]:
     """The printed table: one ``metric  value`` line each."""
     width = max((len(k) for k in scalars), default=0)
-    return [f"{k:<{width}}  {v:.4f}" for k, v in scalars.items()]
+    return [f"{k:<{width}}  {v:.6g}" for k, v in scalars.items()]
 
 
 def _version() -> str:
