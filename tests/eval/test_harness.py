@@ -186,6 +186,14 @@ def test_rolling_and_generation_equal_blocklab_reading(tasks):
             want += float(lp[0].gather(-1, ids[0, 1:, None]).sum())
         assert len(tokens) > 40 or s["doc"]["text"].startswith("Now")
         assert s["resps"][0][0] == pytest.approx(want, abs=TOL)
+    # a request longer than the learned table (20) is cut from the left, as lm-eval's hf does
+    context = "Now is the winter of our discontent made glorious"
+    ctx, cont = _split(context, " summer")
+    ids = torch.tensor([(ctx + cont)[-21:]])
+    with torch.no_grad():
+        lp = hm.model(ids[:, :-1]).log_softmax(-1)[0, -len(cont):]
+    want = float(lp.gather(-1, torch.tensor(cont)[:, None]).sum())
+    assert hm.loglikelihood([(context, " summer")])[0][0] == pytest.approx(want, abs=TOL)
     for s in res["samples"]["bl_generate"]:
         prompt = torch.tensor([[BOS, *_ids(s["arguments"][0][0])]])
         out = generate(hm.model, prompt, max_new_tokens=6, eos_id=EOS)[0].tolist()
