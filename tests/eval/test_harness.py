@@ -168,6 +168,13 @@ def test_every_mixer_answers_the_harness_requests_as_a_plain_forward(mixer, choi
         got = lm.loglikelihood([SimpleNamespace(args=a) for a in s["arguments"]])
         samples.append({"arguments": s["arguments"], "resps": [[r] for r in got]})
     assert not _mismatches(hm, samples)
+    if mixer == "segments":  # perplexity: the whole text read segment by segment (8 tokens)
+        assert hm.window is None
+        ids = torch.tensor([[BOS, *_ids(DOCS[0]["text"])]])
+        with torch.no_grad():
+            lp = hm.model(ids[:, :-1]).log_softmax(-1)[0].gather(-1, ids[0, 1:, None]).sum()
+        got = lm.loglikelihood_rolling([SimpleNamespace(args=(DOCS[0]["text"],))])
+        assert got[0] == pytest.approx(float(lp), abs=TOL)
 
 
 def test_rolling_and_generation_equal_blocklab_reading(tasks):

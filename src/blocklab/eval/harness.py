@@ -16,7 +16,7 @@ way its probes read it.
 - ``loglikelihood_rolling(text)``: every token scored once, in non-overlapping windows that each
   begin with the prefix token (BOS), as eval/perplexity.py reads the validation text; windows
   of ``max_length`` tokens (default: the run's training length, never past the positions the
-  model can index).
+  model can index; a segment-mode model reads the whole text, segment by segment).
 - ``generate_until(context, gen_kwargs)``: greedy decoding through the objective
   (``blocklab.model.generate`` with the KV cache for decoders), cut at EOS and at the first of
   the ``until`` strings; ``max_gen_toks`` tokens at most.
@@ -95,7 +95,11 @@ class HarnessModel:
                 refuse("max_length", max_length, "at least 2 and at most the "
                        f"{self.positions} positions the model can index")
         self.limit = max_length or self.positions  # longest scored input (None: any)
-        self.window = max_length or (min(train, self.positions) if self.positions else train)
+        # a segment-mode model reads a long text segment by segment (data.seq_len is one
+        # segment): its perplexity window is the whole text, up to the positions it can index
+        segmented = getattr(tc.data, "segment_mode", "none") != "none"
+        self.window = max_length or (self.positions if segmented else min(
+            train, self.positions or train))  # None: the whole text
         self.batch_size, self.max_gen_toks = max(1, int(batch_size)), int(max_gen_toks)
 
     @classmethod
@@ -132,7 +136,7 @@ class HarnessModel:
     # ----------------------------------------------------------------------------- scoring
     def _fit(self, ctx: list[int], cont: list[int]) -> tuple[list[int], list[int]]:
         """The pair left-truncated to the positions the model can index (as HFLM does)."""
-        if self.limit is None or len(ctx) + len(cont) - 1 <= self.limit:
+        if not self.causal or self.limit is None or len(ctx) + len(cont) - 1 <= self.limit:
             return ctx, cont
         if len(cont) > self.limit:
             refuse("max_length", self.limit, f"a continuation of {len(cont)} tokens does not "
@@ -199,7 +203,8 @@ class HarnessModel:
     def rolling_windows(self, text: str) -> list[tuple[list[int], list[int]]]:
         """Non-overlapping windows of the text's tokens, each scored after the prefix token
         (its input ``self.window`` tokens at most), every token exactly once."""
-        tokens, body = self.encode(text), self.window
+        tokens = self.encode(text)
+        body = self.window or max(len(tokens), 1)
         return [(list(self.prefix), tokens[s:s + body]) for s in range(0, len(tokens), body)]
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
