@@ -53,6 +53,8 @@ def run_harness(model, tasks: list[str], *, out_root: Path, fewshot: int | None 
 
     from blocklab.eval.harness import lm_class
 
+    if limit is not None and limit >= 1:
+        limit = int(limit)  # a count (a share is below 1)
     settings = harness_settings(tasks, fewshot, limit, include)
     manager = task_manager(tasks, include)
     log(f"harness: {', '.join(tasks)} (lm-evaluation-harness {_version()}, num_fewshot="
