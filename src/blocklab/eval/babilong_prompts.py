@@ -1,6 +1,6 @@
 """The prompts the BABILong probe kind (``eval/kinds/babilong.py``) reads its items with.
 
-Two styles, each ending in ``Answer:`` so that every label is scored as the continuation
+Two styles, each ending in ``Answer:`` (and the answer sentence up to the label) so that every label is scored as the continuation
 ``" " + label`` (forced choice) and the greedy generation starts at the same place:
 
 - ``plain``: ``{context}\\n\\n{question} Answer:`` — the format of the training data
@@ -9,8 +9,9 @@ Two styles, each ending in ``Answer:`` so that every label is scored as the cont
 - the benchmark's own: BABILong's instruction, in-context examples and post-prompt, then
   ``<context>…</context>`` and ``Question: …`` (booydar/babilong ``prompts.py``,
   ``DEFAULT_TEMPLATE`` and ``DEFAULT_PROMPTS`` for qa1–qa5, quoted as published, typos
-  included), in the tokenizer's chat template when ``probes.text.chat_template`` (then
-  ``Answer:`` opens the assistant's turn, as its examples answer).
+  included), in the tokenizer's chat template when ``probes.text.chat_template``; the answer
+  opens with ``Answer:`` and, for qa1–qa3, the start of the sentence its examples answer with
+  (``The most recent location of Mary is``; :data:`ANSWER_FORMS`), the label to follow.
 
 Kuratov et al. 2024, "BABILong: Testing the Limits of LLMs with Long Context
 Reasoning-in-a-Haystack", arXiv 2406.10149.
@@ -18,6 +19,7 @@ Reasoning-in-a-Haystack", arXiv 2406.10149.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 #: BABILong's template (booydar/babilong prompts.py); the result is ``.strip()``-ed.
@@ -116,6 +118,23 @@ PROMPTS: dict[str, dict[str, str]] = {
 _MARK = "\x00CONTEXT\x00"  # where the context goes (never in a template or a haystack)
 ANSWER = "Answer:"
 
+#: The answer sentence BABILong's examples and post-prompt ask for, up to the label: the
+#: assistant's turn opens with it (after ``Answer:``), so the labels are scored where the
+#: examples put them and the generation goes on from there. qa4 and qa5 answer one word.
+ANSWER_FORMS = {
+    "qa1": (re.compile(r"^Where is (\w+)\?$"), "The most recent location of {0} is"),
+    "qa2": (re.compile(r"^Where is the (\w+)\?$"), "The {0} is in the"),
+    "qa3": (re.compile(r"^Where was the (\w+) before the (\w+)\?$"),
+            "Before the {1} the {0} was in the"),
+}
+
+
+def answer_prefix(task: str, question: str) -> str:
+    """``Answer:`` and the start of the answer sentence the task's examples use."""
+    pattern, form = ANSWER_FORMS.get(task, (None, ""))
+    m = pattern.match(question) if pattern is not None else None
+    return ANSWER + (" " + form.format(*m.groups()) if m else "")
+
 
 def frame(style_plain: bool, task: str, question: str, plain: str,
           chat: Callable[[str, str], str] | None) -> tuple[str, str]:
@@ -126,6 +145,7 @@ def frame(style_plain: bool, task: str, question: str, plain: str,
         text = plain.format(context=_MARK, question=question)
     else:
         user = TEMPLATE.format(context=_MARK, question=question, **PROMPTS[task]).strip()
-        text = chat(user, ANSWER) if chat is not None else user + "\n" + ANSWER
+        prefix = answer_prefix(task, question)
+        text = chat(user, prefix) if chat is not None else user + "\n" + prefix
     before, after = text.split(_MARK)
     return before, after
