@@ -8,6 +8,25 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from blocklab.config.choices import (  # noqa: F401 (re-exported)
+    ACCELERATORS,
+    BEST_MODES,
+    DATA_FORMATS,
+    DOCUMENT_SPLITS,
+    FORMAT_SUFFIXES,
+    GRAD_NORMS,
+    LONG_DOCUMENTS,
+    PRECISIONS,
+    PROBE_SPACES,
+    PROFILERS,
+    ROW_METRICS,
+    SEGMENT_MODES,
+    SOURCE_FINGERPRINTS,
+    STRATEGIES,
+    TEXT_HAYSTACKS,
+    UTF8_ERRORS,
+    WANDB_MODES,
+)
 from blocklab.config.facts import (  # noqa: F401 (re-exported: old imports keep working)
     COUNTING_CANDIDATES,
     COUNTING_MARGINS,
@@ -61,45 +80,11 @@ from blocklab.config.probe_schema import (  # noqa: F401 (re-exported)
     TextProbeConfig,
 )
 
-# ----------------------------------------------------------------------------------- choices
-# Choices that are strings in the schema (Lightning's names, file formats, ...): the validators
-# below check them; each tuple is the one list of what blocklab supports.
-DATA_FORMATS = ("text", "json", "parquet", "disk")  # readers of data.files (disk: save_to_disk)
-# the files of a directory in data.files / data.val_files that each format reads
-FORMAT_SUFFIXES = {"text": (".txt", ".text", ".md"), "json": (".json", ".jsonl", ".ndjson"),
-                   "parquet": (".parquet",)}
-DOCUMENT_SPLITS = ("file", "line", "paragraph")  # plain text: what one document is
-SOURCE_FINGERPRINTS = ("stat", "content")
-LONG_DOCUMENTS = ("split", "truncate")
-UTF8_ERRORS = ("replace", "strict")
-# Lightning accelerators blocklab runs on ("gpu" = Lightning's alias of the CUDA backend).
-ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
-# Lightning 2.6's precision strings (lightning.fabric.plugins.precision.precision
-# _PRECISION_INPUT_STR and its aliases "64", "32", "16", "bf16").
-PRECISIONS = ("32-true", "32", "16-mixed", "16", "bf16-mixed", "bf16", "16-true", "bf16-true",
-              "64-true", "64", "transformer-engine", "transformer-engine-float16")
-# Lightning strategies by name (train/run.py _strategy: "fsdp" and "model_parallel" are
-# blocklab's own sharded setups, the rest go to Lightning as is).
-STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "model_parallel")
-WANDB_MODES = ("offline", "online", "disabled")
-PROFILERS = ("simple", "advanced", "pytorch")  # Lightning's profilers by name
-GRAD_NORMS = ("none", "global", "layer")  # trainer.log_grad_norm
-#: The metrics of a step's logged row a run can watch (early stopping, the best checkpoint),
-#: and which way is better for each (train/metrics.py writes them).
-ROW_METRICS = ("val/loss", "val/accuracy", "train/loss", "train/grad_norm")
-BEST_MODES = {"val/loss": "min", "val/accuracy": "max", "train/loss": "min",
-              "train/grad_norm": "min"}
-PROBE_SPACES = ("auto", "token", "text")
-TEXT_HAYSTACKS = ("essay", "shakespeare")  # built in; anything else is a path to a text file
-SEGMENT_MODES = ("none", "split", "stream")  # data.segment_mode (none: rows as they are)
-
-
-# The synthetic vocabulary facts (config/facts.py) and the probe spec (config/probe_schema.py)
-# live in their own modules, imported above.
 
 class DataName(enum.Enum):
     synthetic = "synthetic"
     text = "text"
+    babilong = "babilong"  # bAbI stories hidden in real text (data/babilong_train.py)
 
 
 class TokenizerName(enum.Enum):
@@ -217,6 +202,13 @@ class DataConfig:
     # stream (text as batch_size lanes, Transformer-XL's batchify; data/lanes.py)
     segment_mode: str = "none"
     doc_len: int | None = None  # split: the longest document, whole segments (null: seq_len)
+    # babilong: the bAbI tasks drawn (qa1..qa5, equal weights), the span of context depths the
+    # facts lie in, facts per story (null: each task's usual size; qa4 always 2) and the text
+    # they are hidden in: essay | shakespeare | a text file (its last 10 % validates)
+    babilong_tasks: list[str] = field(default_factory=lambda: ["qa1"])
+    babilong_depth: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    babilong_facts: int | None = None
+    haystack: str = "shakespeare"
 
 
 @dataclass

@@ -194,7 +194,12 @@ def validate_data(d: DataConfig, tok: TokenizerConfig, key: str = "data") -> Dat
         _check(not synthetic_tok, "tokenizer.name", _name(tok.name),
                "the synthetic vocabulary only tokenizes synthetic data",
                "use tokenizer=bpe, byte, char or file")
-        validate_text_sources(d, key)
+        if _name(d.name) == DataName.babilong.value:
+            from blocklab.config.validate_babilong import validate_babilong
+
+            validate_babilong(d, key)
+        else:
+            validate_text_sources(d, key)
     if _name(tok.name) == TokenizerName.file.value:
         _check(bool(tok.path), "tokenizer.path", tok.path, "tokenizer=file needs a path to a "
                "tokenizer.json")

@@ -87,7 +87,8 @@ def _run(sentences: Sequence[str], start: int, budget: int, count: Callable[[str
     """Whole sentences from ``start`` (skipping any naming the vocabulary) while they fit
     ``budget`` tokens; the used tokens and whether the haystack went on past them."""
     out, used = [], 0
-    for s in sentences[start:]:
+    for i in range(start, len(sentences)):
+        s = sentences[i]
         if AVOID.search(s):
             continue
         n = count(s)
@@ -156,6 +157,8 @@ def build_sample(story: Story, sentences: Sequence[str], length: int, ntok: Call
     budget = length - fixed
     hay: list[str] = []
     if budget > 0:
+        if len(sentences) < 2:
+            raise TooShort(f"a haystack of {len(sentences)} sentence(s) holds no context")
         for attempt in range(8):
             start = 1 + rng.randrange(len(sentences) - 1) if attempt < 7 else 1
             hay, used, more = _run(sentences, start, budget, count)
@@ -187,10 +190,17 @@ def build_sample(story: Story, sentences: Sequence[str], length: int, ntok: Call
             hay.insert(0, " ".join(first[min(len(first) - 1, max(1, over // 2)):]))
     if n_tokens + reserve > length:
         raise TooShort(f"length {length}: the facts alone come to {n_tokens} tokens")
-    fact_depths = []
+    # each fact's token depth: the tokens of the parts before it (haystack sentences and facts,
+    # each counted after its separating space) over the context's tokens less its own
+    fact_depths, pos, tokens, h = [], 0, 0, 0
     for c, f in zip(chars, facts):
-        before = ntok(context[:c]) if c else 0
-        fact_depths.append(min(1.0, before / max(1, n_tokens - count(f))))
+        while pos < c:
+            tokens += count(hay[h])
+            pos += len(hay[h]) + 1
+            h += 1
+        fact_depths.append(min(1.0, tokens / max(1, n_tokens - count(f))))
+        tokens += count(f)
+        pos += len(f) + 1
     return Sample(story.task, context, story.question, story.answer, story.labels, tuple(chars),
                   tuple(fact_depths), tuple(fact_depths[i] for i in story.supporting), n_tokens,
                   tuple(facts))

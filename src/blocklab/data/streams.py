@@ -50,6 +50,11 @@ def build_streams(data: DataConfig, tokenizer: TokenizerConfig, *, bptt: int = 1
     (``trainer.bptt``) is the number of segments per row of ``data.segment_mode=stream``."""
     if data.name is DataName.text:
         return _text(data, tokenizer, bptt)
+    if data.name is DataName.babilong:  # bAbI stories hidden in real text
+        from blocklab.config import validate_data
+        from blocklab.data.babilong_train import babilong_streams
+
+        return Streams(**babilong_streams(validate_data(data, tokenizer), tokenizer))
     if tokenizer.name is not TokenizerName.synthetic:
         raise ConfigError(f"config error: tokenizer.name={tokenizer.name.value!r}: synthetic "
                           "data uses tokenizer=synthetic")

@@ -33,9 +33,10 @@ def run_streams(loaded: Any, run_data: str, dest: Path, log=print) -> tuple[Any,
     tc = loaded.config
     if run_data == "false":
         return None, "validation loss skipped (run_data=false)"
-    if tc.data.name is not DataName.text:  # generated from the stored seeds: no file opened
-        return build_streams(tc.data, TokenizerConfig(name=TokenizerName.synthetic),
-                             bptt=tc.trainer.bptt), None
+    if tc.data.name is not DataName.text:  # generated from the stored seeds: no corpus read
+        tok = (TokenizerConfig(name=TokenizerName.synthetic) if tc.data.name is
+               DataName.synthetic else embedded_tokenizer(loaded.meta, dest / CACHE))  # babilong
+        return build_streams(tc.data, tok, bptt=tc.trainer.bptt), None
     named = describe(tc.data)
     if run_data != "true":
         return None, (f"validation loss skipped: the run trained on text ({named}) that only "
