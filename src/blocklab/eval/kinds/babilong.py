@@ -126,6 +126,7 @@ class Babilong(ProbeKind):
                                 f"(a fact {off:.2f} outside it)")
         meta = {"n_tokens": len(head) + len(prompt) + len(answer), "band_overflow": round(off, 4),
                 "context_tokens": sample.n_tokens, "n_facts": len(story.facts),
+                "target": story.answer,
                 "fact_depths": [round(d, 4) for d in sample.depths],
                 "supporting_depths": [round(d, 4) for d in sample.supporting_depths]}
         item = ProbeItem(cell=key, prompt=head + prompt, answer=answer, candidates=cands,
@@ -183,14 +184,14 @@ class Babilong(ProbeKind):
                  "rule):"]
         for task, s in summary.items():
             lengths = list(s["choice"]["by_length"])
-            lines.append(f"  {task:<12}" + "".join(f"{x:>13}" for x in lengths))
+            lines.append(f"  {task:<18}" + "".join(f"{x:>12}" for x in lengths))
             depths = list(dict.fromkeys(d for v in s["choice"]["by_length_depth"].values()
                                         for d in v))
             for d in depths:
                 cells = [f"{fmt(s['choice']['by_length_depth'][x].get(d), '.2f')}/"
                          f"{fmt(s['exact']['by_length_depth'][x].get(d), '.2f')}"
                          for x in lengths]
-                lines.append(f"    {'depth ' + d:<10}" + "".join(f"{c:>13}" for c in cells))
+                lines.append(f"    {'depth ' + d:<16}" + "".join(f"{c:>12}" for c in cells))
             for score, what in SCORES:
                 p = s[score]["pooled"]
                 lines.append(f"    pooled {what} {fmt(p['accuracy'])} [{fmt(p['ci_low'])}, "
@@ -266,9 +267,12 @@ class Babilong(ProbeKind):
             ax.axhline(tr[0]["chance"], color=colour, linestyle=":", linewidth=1.0)
         if not drawn:
             no_data(ax, "no accuracy to plot (all cells N/A)")
-        if train_length:
+        lengths = sorted({r["length"] for r in rows}) or [1]
+        if train_length and train_length <= lengths[-1]:
             ax.axvline(train_length, color="grey", linewidth=0.8, label="train L")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [f"{x:,}" for x in lengths])
+        ax.minorticks_off()
         ax.set_ylim(0.0, 1.05)
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("accuracy (Wilson 95% CI; dotted: chance)")
