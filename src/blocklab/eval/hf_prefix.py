@@ -23,20 +23,25 @@ def _step(model: Any, ids: list[int], cache: Any, device: torch.device, *, last:
     last only, (1, V) — a long prompt's every position would be gigabytes), extending
     ``cache``."""
     x = torch.tensor([ids], dtype=torch.long, device=device)
-    keep = {"logits_to_keep": 1} if last and _keeps(model) else {}
-    out = model(input_ids=x, past_key_values=cache, use_cache=True, **keep)
+    params = _params(model)
+    keep = {"logits_to_keep": 1} if last and "logits_to_keep" in params else {}
+    # newer transformers name the cache argument ``cache`` (``past_key_values`` deprecated)
+    name = "cache" if "cache" in params else "past_key_values"
+    out = model(input_ids=x, use_cache=True, **{name: cache}, **keep)
     logits = out.logits[0, -1:] if last else out.logits[0]
-    return F.log_softmax(logits.float(), dim=-1).cpu(), out.past_key_values
+    new = out.get("cache") if isinstance(out, dict) and out.get("cache") is not None else None
+    return F.log_softmax(logits.float(), dim=-1).cpu(), (
+        new if new is not None else out.past_key_values)
 
 
-def _keeps(model: Any) -> bool:
-    """Whether ``model.forward`` takes ``logits_to_keep`` (project only the last position)."""
+def _params(model: Any) -> set[str]:
+    """The keyword arguments ``model.forward`` names."""
     import inspect
 
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        return set(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):
-        return False
+        return set()
 
 
 def score_from_prefix(lm: Any, prompts: list[list[int]], answer_sets: list[list[list[int]]],
