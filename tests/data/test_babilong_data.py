@@ -165,7 +165,7 @@ def test_split_mode_reads_whole_items_in_whole_segments(tmp_path, capfd) -> None
     checked against doc_len; a tiny XL-memory run trains through the segment objective."""
     hay = haystack(tmp_path)
     cfg = config(hay, seq_len=64, doc_len=512, min_len=192, segment_mode="split",
-                 babilong_tasks=["qa1"], babilong_facts=3, curriculum=[[0, 256]])
+                 babilong_tasks=["qa1"], babilong_facts=3, curriculum=[[0, 256], [5, 512]])
     s = build_streams(cfg, BYTE)
     early = {len(s.train(i, 0).tokens) for i in range(24)}
     late = [len(s.train(i, 10).tokens) for i in range(48)]
@@ -180,7 +180,7 @@ def test_split_mode_reads_whole_items_in_whole_segments(tmp_path, capfd) -> None
                 "data.doc_len=256", "data.min_len=192", "data.babilong_facts=3",
                 "data.batch_size=4", "data.val_batches=2", "model=llama_tiny",
                 "model.vocab_size=null", "model.n_layers=1", "model.d_model=32",
-                "model.n_heads=2", "model.d_ff=64", "model.max_seq_len=64",
+                "model.n_heads=2", "model/attention=mqa", "model.d_ff=64", "model.max_seq_len=64",
                 "model.mixer.mem_len=64", "trainer.max_steps=2", "trainer.ckpt_every_steps=2",
                 "trainer.val_every_steps=2", "trainer.progress_bar=false", "probes=none",
                 "checkpoint_probes.enabled=false", "schedule.warmup_steps=1",
