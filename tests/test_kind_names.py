@@ -13,9 +13,9 @@ aside): for every built-in probe kind K (the registry's ``probe`` axis),
 Not counted: K's own module; the registry wiring (``eval/kinds/__init__.py``'s
 ``PROBE_KINDS``); the declaration of K's settings on the config floor
 (``config/probe_schema.py``: K's dataclass and its field of ``ProbeSpec``). The training TASK
-axis is a different axis that shares one word: ``data.tasks.needle`` (like ``mqar`` and
-``copy``) is a task of the training mixture, so the modules of that axis may say ``needle``
-(listed in TASK_AXIS, word by word) — as may an example's metadata there (``"hops"``). The
+axis is a different axis that shares words: ``data.tasks.needle`` (like ``mqar`` and
+``copy``) is a task of the training mixture and ``data.name=babilong`` training data, so the
+modules of that axis may say ``needle`` or ``babilong`` (listed in TASK_AXIS, word by word) — as may an example's metadata there (``"hops"``). The
 remaining exceptions are listed with their reason in ALLOWED.
 """
 
@@ -36,8 +36,12 @@ TASK_AXIS = {
     "data/tasks/__init__.py": {"needle"},  # TASKS["needle"]
     "data/tasks/needle.py": {"needle"},  # the needle task's name and its examples' meta
     "data/tasks/multihop.py": {"hops"},  # multihop's meta key "hops"
-    "config/validate_data.py": {"needle"},  # rules of the data.tasks.needle task
+    "config/validate_data.py": {"needle", "babilong"},  # rules of data.tasks.needle and of
+    # data.name=babilong, the training data the BABILong probe kind reads items like
     "config/facts.py": {"needle"},  # distinct keys a needle-task sequence draws
+    "config/schema.py": {"babilong"},  # DataName.babilong
+    "data/babilong_train.py": {"babilong"},  # the data.name=babilong stream
+    "data/streams.py": {"babilong"},  # builds it
 }
 # Other places that say a kind's word on purpose, with the reason.
 ALLOWED = {

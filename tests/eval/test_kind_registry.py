@@ -18,8 +18,9 @@ from blocklab.registry import builtin_names, names, table
 
 
 def test_blocklabs_kinds_in_report_order_then_registered_ones():
-    assert builtin_names("probe") == ["needle", "litm", "multi_needle", "hops", "aggregation"]
-    assert names("probe")[5:] == ["first_value"]  # the example plugin (tests/conftest.py)
+    assert builtin_names("probe") == ["needle", "litm", "multi_needle", "hops", "aggregation",
+                                      "babilong"]
+    assert names("probe")[6:] == ["first_value"]  # the example plugin (tests/conftest.py)
 
 
 def test_a_spec_without_user_kinds_hashes_as_before():
@@ -79,9 +80,17 @@ def test_a_builtin_kind_copied_under_another_name_is_a_plugin_kind(name):
 
     kind = table("probe")[name]
     copy = type("Copy", (kind,), {"name": f"copy_of_{name}"})
-    spec = ProbeSpec(kinds={copy.name: replace(kind.settings(ProbeSpec()), n=2)})
+    spec = ProbeSpec(kinds={copy.name: replace(kind.settings(ProbeSpec()), n=2, enabled=True)})
     assert kind.settings(spec).n != 2  # the built-in's own key keeps its settings
-    cells = copy.cells(TokenBuilder(Vocab(), 1234), spec, 64, None)
+    builder, unit = TokenBuilder(Vocab(), 1234), 64
+    if all(c.na for c in kind.cells(builder, spec, 64, None)):  # a text-only kind
+        from blocklab.data.tokenizer import byte_tokenizer
+        from blocklab.eval.textspace import TextBuilder, TextTokenizer
+
+        spec.text.haystack = "shakespeare"
+        builder = TextBuilder(TextTokenizer.from_tokenizers(byte_tokenizer(), bos=1), spec)
+        unit = 1024
+    cells = copy.cells(builder, spec, unit, None)
     assert cells and {c.key["probe"] for c in cells} == {copy.name}
     assert {len(c.items) for c in cells if c.na is None} == {2}
     assert all(it.cell["probe"] == copy.name for c in cells for it in c.items)

@@ -258,6 +258,59 @@ class AggregationProbeConfig(ProbeKindConfig):
                "item")
 
 
+#: bAbI's tasks (data/babi.py's ``TASKS``, below this floor; a test keeps the two equal)
+BABILONG_TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
+#: Prompt styles of the BABILong probe: ``plain`` (the training data's format) or the
+#: benchmark's own instruction + few-shot examples
+BABILONG_PROMPTS = ("plain", "babilong")
+
+
+def _band(x: Any) -> bool:
+    return (isinstance(x, list | tuple) and len(x) == 2 and all(_finite(v) for v in x)
+            and 0 <= x[0] <= x[1] <= 1)
+
+
+@dataclass
+class BabilongProbeConfig(ProbeKindConfig):
+    """BABILong (Kuratov et al. 2024, arXiv 2406.10149): bAbI stories (data/babi.py) hidden in
+    real text (``probes.text.haystack``), every fact inside one depth band of the context;
+    scored by forced choice over the task's labels and by greedy generation under BABILong's
+    single-label rule. Cells: task × length × depth band. Text space only. Off unless asked
+    (``probes=babilong`` or ``probes.babilong.enabled=true``)."""
+
+    # added after the default spec's hash was fixed: hashes only where set away from these
+    ADDED: ClassVar[dict[str, Any]] = {
+        "enabled": False, "tasks": ["qa1", "qa2", "qa3"], "lengths": [0.5, 1.0, 2.0],
+        "depths": [[0.0, 1.0], [0.0, 0.33], [0.33, 0.67], [0.67, 1.0]], "n": 16,
+        "prompt": "plain", "export": None, "export_only": False}
+    enabled: bool = False
+    tasks: list[str] = field(default_factory=lambda: ["qa1", "qa2", "qa3"])
+    lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])  # × train_length
+    # depth bands [lo, hi] (fractions of the context's tokens): every fact of a story inside
+    depths: list[list[float]] = field(default_factory=lambda: [
+        [0.0, 1.0], [0.0, 0.33], [0.33, 0.67], [0.67, 1.0]])
+    n: int = 16
+    prompt: str = "plain"  # plain | babilong
+    # a folder: also write the items as a dataset (JSON lines + lm-eval task YAMLs)
+    export: str | None = None
+    export_only: bool = False  # with export: write the dataset, score nothing
+
+    def check(self, ctx: ProbeContext) -> None:
+        k, live = ctx.key, self.live(ctx)
+        _each(f"{k}.tasks", self.tasks, lambda x: x in BABILONG_TASKS,
+              f"each task must be one of {', '.join(BABILONG_TASKS)}", required=live)
+        _lengths(ctx, self.lengths, live)
+        _each(f"{k}.depths", self.depths, _band,
+              "each depth band must be [lo, hi] with 0 <= lo <= hi <= 1", required=live)
+        _n(ctx, self.n, live)
+        _check(self.prompt in BABILONG_PROMPTS, f"{k}.prompt", self.prompt,
+               f"one of {', '.join(BABILONG_PROMPTS)}")
+        _check(self.export is None or bool(str(self.export).strip()), f"{k}.export",
+               self.export, "a folder to write the dataset to (or null)")
+        _check(not self.export_only or self.export is not None, f"{k}.export_only",
+               self.export_only, f"needs {k}.export (the folder to write)")
+
+
 @dataclass
 class PerplexityProbeConfig:
     """Perplexity vs evaluation length (decoders): non-overlapping chunks and a sliding window
@@ -317,6 +370,7 @@ class ProbeSpec:
     multi_needle: MultiNeedleProbeConfig = field(default_factory=MultiNeedleProbeConfig)
     hops: HopsProbeConfig = field(default_factory=HopsProbeConfig)
     aggregation: AggregationProbeConfig = field(default_factory=AggregationProbeConfig)
+    babilong: BabilongProbeConfig = field(default_factory=BabilongProbeConfig)
     perplexity: PerplexityProbeConfig = field(default_factory=PerplexityProbeConfig)
     text: TextProbeConfig = field(default_factory=TextProbeConfig)
     # user probe kinds (register("probe", name)): name -> that kind's settings, read onto its

@@ -70,6 +70,7 @@ from blocklab.config.model_schema import (  # noqa: F401
 )
 from blocklab.config.probe_schema import (  # noqa: F401 (re-exported)
     AggregationProbeConfig,
+    BabilongProbeConfig,
     HopsProbeConfig,
     LitmProbeConfig,
     MultiNeedleProbeConfig,

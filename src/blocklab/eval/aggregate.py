@@ -88,6 +88,11 @@ def cell_row(cell: Cell, rows: list[dict[str, Any]]) -> dict[str, Any]:
            "status": "ok"}
     if "partial" in rows[0]:  # RULER's "all" score: share of the required answers found
         out["partial"] = sum(r["partial"] for r in rows) / n
+    if "choice" in rows[0]:  # a label set: forced choice, and the generation's interval
+        for name in ("choice", "exact"):
+            hits = sum(bool(r[name]) for r in rows)
+            out[name] = hits / n
+            out[f"{name}_low"], out[f"{name}_high"] = wilson_interval(hits, n)
     if "actual_depth" in rows[0]:
         out["actual_depth"] = sum(r["actual_depth"] for r in rows) / n
     if "winner_share" in rows[0]:  # aggregation: what copying a random occurrence scores

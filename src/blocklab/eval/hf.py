@@ -217,6 +217,15 @@ class HFCausalLM:
                 return tokens[: j + 1]
         return tokens
 
+    def score_from_prefix(self, prompts: list[list[int]], answer_sets: list[list[list[int]]],
+                          max_new_tokens: int) -> list[tuple[list[Tensor], list[int]]]:
+        """Every answer of a prompt and its greedy continuation from one KV-cached run of the
+        prompt (eval/hf_prefix.py). Used for items that score all of their candidates (a
+        forced choice over labels); the other probes keep their batched teacher-forced path."""
+        from blocklab.eval.hf_prefix import score_from_prefix
+
+        return score_from_prefix(self, prompts, answer_sets, max_new_tokens)
+
     # ------------------------------------------------------------------------------- token_nll
     def token_nll(self, windows: Tensor) -> Tensor:
         """Per-token negative log-likelihood (B, T-1) float32 of ``windows[:, t+1]`` given

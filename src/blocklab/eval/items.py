@@ -42,6 +42,12 @@ class ProbeItem:
     # strings must appear in the generation (``answer_text`` is then their joined form)
     answer_texts: list[str] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    # text space, a closed label set (``candidates`` are then every label, gold at ``gold``):
+    # scored by forced choice (the gold label's log-prob above every other's) and the
+    # generation judged by the single-label rule (data/babilong.py ``answer_correct``: of the
+    # labels in its first sentence, less those the ``question`` names, the gold one alone)
+    labels: list[str] | None = None
+    question: str | None = None
 
 
 @dataclass
@@ -79,11 +85,13 @@ def spec_hash(spec: ProbeSpec | dict[str, Any]) -> str:
              and not (k == "kinds" and not v)}  # no user kinds: the hash of every older spec
     # options added later (``ADDED`` of a settings class) hash only when set away from their
     # defaults, so every older spec keeps its hash
-    for name, section in plain.items():
+    for name, section in list(plain.items()):
         added = getattr(getattr(spec, name, None), "ADDED", None) if not isinstance(
             spec, dict) else None
         if added and isinstance(section, dict):
             plain[name] = {k: v for k, v in section.items() if added.get(k, _NONE) != v}
+            if not plain[name]:  # a whole section added later, at its defaults
+                del plain[name]
     return hashlib.sha256(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:12]
 
 

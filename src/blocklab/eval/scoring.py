@@ -48,7 +48,8 @@ def _batches(items: list[ProbeItem], batch_size: int) -> list[list[ProbeItem]]:
     answer batched with a four-token one would be asked with four masks."""
     out: list[list[ProbeItem]] = []
     for it in items:
-        if out and len(out[-1]) < batch_size and len(out[-1][0].answer) == len(it.answer):
+        if (out and len(out[-1]) < batch_size and len(out[-1][0].answer) == len(it.answer)
+                and (out[-1][0].labels is None) == (it.labels is None)):
             out[-1].append(it)
         else:
             out.append([it])
@@ -165,7 +166,7 @@ def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> lis
     # a little: a multi-value answer (several numbers, one token per digit) must be able to fit.
     n_new = width if max_new_tokens is None else max(max_new_tokens, width + 4)
     n_new = generation_room(backend, items, n_new)
-    if getattr(backend, "shares_prefix", False):
+    if _prefix(backend, items):
         s, generated = _from_prefix(backend, items, n_new if needs_greedy else None)
     else:
         s = _teacher_forced(backend, items)
@@ -177,7 +178,10 @@ def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> lis
     else:
         exact, partial = [], []
         for it, g in zip(items, generated):
-            if decode is not None and (it.answer_text is not None or it.answer_texts):
+            if decode is not None and it.labels is not None:
+                hit = single_label(decode(g), it)
+                share = float(hit)
+            elif decode is not None and (it.answer_text is not None or it.answer_texts):
                 hit, share = text_match(it.answer_text, it.answer_texts, decode(g))
             else:
                 hit, share = g[: len(it.answer)] == it.answer, partial_credit(g, it.answer)
@@ -191,8 +195,29 @@ def _score_batch(backend, items: list[ProbeItem], decode, max_new_tokens) -> lis
                "rank": int(s["rank"][i]), "any_value": bool(s["any_value"][i]), **it.meta}
         if generated is not None and decode is not None:
             row["generated"] = decode(generated[i])
+        if it.labels is not None:  # forced choice: the gold label strictly above every other
+            row["choice"] = bool(s["margin"][i] > 0)
         rows.append(row)
     return rows
+
+
+def _prefix(backend, items: list[ProbeItem]) -> bool:
+    """Whether to score ``items`` from each prompt's cache (``score_from_prefix``): always
+    where the backend shares prefixes; for items with labels (every label a candidate) also on
+    a backend that offers it without ``shares_prefix`` (a Hugging Face model: one prompt pass
+    instead of one per label)."""
+    if getattr(backend, "shares_prefix", False):
+        return True
+    return (items[0].labels is not None and callable(getattr(backend, "score_from_prefix", None))
+            and not hasattr(backend, "shares_prefix"))
+
+
+def single_label(generation: str, item: ProbeItem) -> bool:
+    """The single-label rule on a generation (data/babilong.py ``answer_correct``)."""
+    from blocklab.data.babilong import answer_correct
+
+    return answer_correct(generation, item.answer_text or "", item.question or "",
+                          item.labels or ())
 
 
 def generation_room(backend, items: list[ProbeItem], n_new: int) -> int:

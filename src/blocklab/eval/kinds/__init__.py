@@ -23,6 +23,7 @@ through ``cls.settings(spec)``), so each of their modules is an example to copy.
 from __future__ import annotations
 
 from blocklab.eval.kinds.aggregation import Aggregation
+from blocklab.eval.kinds.babilong import Babilong
 from blocklab.eval.kinds.base import ProbeKind
 from blocklab.eval.kinds.hops import Hops
 from blocklab.eval.kinds.litm import Litm
@@ -46,4 +47,5 @@ PROBE_KINDS: dict[str, type[ProbeKind]] = {
     "multi_needle": MultiNeedle,
     "hops": Hops,
     "aggregation": Aggregation,
+    "babilong": Babilong,
 }
