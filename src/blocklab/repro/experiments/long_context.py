@@ -7,9 +7,11 @@ Arms: global softmax (rotary positions), a sliding window, sinks + window (Strea
 2309.17453), chunked layers with a global layer (Llama 4), Based (Taylor linear attention beside
 a sliding window, arXiv 2402.18668), a selective SSM (Mamba, arXiv 2312.00752), a linear/softmax
 hybrid, Transformer-XL memory (arXiv 1901.02860), recurrent memory tokens (RMT, arXiv
-2207.06881) and a retrieval memory (Memorizing Transformers, arXiv 2203.08913); the last three
-read the document segment by segment (``data.segment_mode=split``) and are measured through
-the segment objective's evaluation carry (:class:`~blocklab.objectives.SegmentedLM`).
+2207.06881) and a retrieval memory (Memorizing Transformers, arXiv 2203.08913). The last three
+read a document segment by segment (``data.segment_mode=split``; measured through the segment
+objective's evaluation carry, :class:`~blocklab.objectives.SegmentedLM`), which
+``data.name=babilong`` refuses for now: they are defined (:data:`PENDING`) but not yet in the
+full protocol's arms.
 
 Measured per arm: forced-choice accuracy over the task's labels (each label's total
 log-likelihood after the training prompt, :data:`blocklab.data.babilong.PROMPT`), the decode
@@ -44,9 +46,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "full": {"length": 128, "multiples": (1, 2, 4, 8, 16), "n": 48, "facts": 2, "window": 32,
              "segment": 64, "steps": 400, "lr": 3e-3, "batch": 16, "layers": 2, "width": 64,
              "vocab": 2048, "decode": 64,
-             "arms": ("global", "window", "ssm", "based", "sinks", "chunked", "hybrid", "xl",
-                      "rmt", "retrieval")},
+             "arms": ("global", "window", "ssm", "based", "sinks", "chunked", "hybrid")},
 }
+# The memory arms read a document segment by segment (data.segment_mode=split), which
+# data.name=babilong refuses for now ("babilong examples are read whole"): their overrides are
+# below (_strategy), and they join the full arms once the data source reads split documents.
+PENDING = ("xl", "rmt", "retrieval")
 TASK = "qa1"
 SALT = "repro:long_context"
 N_SINKS = 4
@@ -127,9 +132,9 @@ def checks(size: str) -> tuple[ck.Check, ...]:
     if size == "full":
         # a bounded window keeps the last W tokens: at 16L the facts are almost never in them
         out += [ck.AtChance(NAMES[k], top, chance=chance()) for k in ("window", "sinks")]
-        # the memory and recurrent strategies hold accuracy past L where the window cannot
-        out += [ck.Beats(NAMES[k], top, other=NAMES["window"]) for k in ("ssm", "rmt",
-                                                                           "retrieval")]
+        # the recurrent and memory strategies hold accuracy past L where the window cannot
+        out += [ck.Beats(NAMES[k], top, other=NAMES["window"])
+                for k in ("ssm", "rmt", "retrieval") if k in s["arms"]]
     return tuple(out)
 
 
@@ -380,12 +385,13 @@ def make(size: str) -> Experiment:
                   f"sliding window W; sinks + window ({N_SINKS} + W-{N_SINKS}); chunks of W with "
                   f"layer 2 global (NoPE); Based (Taylor linear attention, feature_dim 8, short "
                   f"convolution 3, then a window-W softmax layer); selective SSM (d_state 8); "
-                  f"a linear (elu+1) / global softmax hybrid; and read in segments of S "
-                  f"(data.segment_mode=split): XL memory (mem_len S), memory tokens "
-                  f"({MEMORY_TOKENS}), retrieval (layer 2 memorizing, top 8 of 16L). Measured on "
+                  f"a linear (elu+1) / global softmax hybrid. Not run yet: XL memory (mem_len "
+                  f"S), memory tokens ({MEMORY_TOKENS}) and retrieval (layer 2 memorizing, top 8 "
+                  f"of 16L), read in segments of S (data.segment_mode=split, which data=babilong "
+                  f"refuses for now; their overrides are in the module). Measured on "
                   f"{f['n']} held-out items per length (quick {q['n']}; repro seed, held-out "
                   f"haystack) at {', '.join(f'{k}L' for k in f['multiples'])}: forced choice "
-                  f"over the {len(NAMES) and 6} labels (each label's total log-likelihood after "
+                  f"over the {round(1 / chance())} labels (each label's total log-likelihood after "
                   "the training prompt; segment arms read through the evaluation carry); the "
                   "decode state at 16L (blocklab-estimate); training tokens/s (the run's logged "
                   "median); decoding tokens/s (greedy steps after a 16L prompt, one thread; "
@@ -393,8 +399,8 @@ def make(size: str) -> Experiment:
                   "the papers: the window and sinks arms at chance at 16L (the facts lie "
                   "outside W); the SSM, memory tokens and retrieval above the window at 16L; "
                   "global softmax falls past L (rotary angles never trained); XL memory's reach "
-                  "is 2 S + S tokens. Checked at full size: those three orderings (window and "
-                  "sinks at chance; SSM, memory tokens, retrieval above the window at 16L) and "
+                  "is 2 S + S tokens. Checked at full size: window and sinks at chance at 16L, "
+                  "the SSM above the window at 16L (and memory tokens, retrieval once run) and "
                   "the state bounds; quick (CI: global, window, sinks + window) checks the state "
                   "structure only (bounded for the window and sinks, growing 16x for global)."),
         sizes={s: Protocol(arms(s), checks(s), seeds=1) for s in SIZES},
