@@ -40,13 +40,13 @@ from blocklab.repro.protocol import SIZES, Arm, Experiment, Protocol, swap
 # story, window W / chunk C / segment S (tokens), steps, learning rate, batch, the model, and
 # the arms trained. quick is sized for CI (about a minute of CPU for its runs, checks and break).
 SETTINGS: dict[str, dict[str, Any]] = {
-    "quick": {"length": 64, "multiples": (1, 2, 4, 8, 16), "n": 24, "facts": 2, "window": 16,
-              "segment": 32, "steps": 150, "lr": 3e-3, "batch": 16, "layers": 2, "width": 64,
-              "vocab": 2048, "decode": 16, "arms": ("global", "window", "sinks")},
+    "quick": {"length": 64, "multiples": (1, 16), "n": 16, "facts": 2, "window": 16,
+              "segment": 32, "steps": 100, "lr": 3e-3, "batch": 16, "layers": 2, "width": 64,
+              "vocab": 2048, "decode": 8, "arms": ("global", "window", "sinks")},
     "full": {"length": 128, "multiples": (1, 2, 4, 8, 16), "n": 48, "facts": 2, "window": 32,
              "segment": 64, "steps": 400, "lr": 3e-3, "batch": 16, "layers": 2, "width": 64,
              "vocab": 2048, "decode": 64,
-             "arms": ("global", "window", "ssm", "based", "sinks", "chunked", "hybrid")},
+             "arms": ("global", "window", "selective", "based", "sinks", "chunked", "hybrid")},
 }
 # The memory arms read a document segment by segment (data.segment_mode=split), which
 # data.name=babilong refuses for now ("babilong examples are read whole"): their overrides are
@@ -57,7 +57,7 @@ SALT = "repro:long_context"
 N_SINKS = 4
 MEMORY_TOKENS = 8
 NAMES = {"global": "global softmax", "window": "sliding window", "sinks": "sinks + window",
-         "chunked": "chunked + global", "based": "Based", "ssm": "selective SSM",
+         "chunked": "chunked + global", "based": "Based", "selective": "selective SSM",
          "hybrid": "linear/softmax hybrid", "xl": "XL memory", "rmt": "memory tokens",
          "retrieval": "retrieval memory"}
 SEGMENTED = ("xl", "rmt", "retrieval")
@@ -92,7 +92,7 @@ def _strategy(key: str, s: dict[str, Any]) -> tuple[str, ...]:
         "based": ("model/mixer=linear", "model.mixer.pattern=[linear,softmax]",
                   "model.mixer.feature_map=taylor", "model.mixer.feature_dim=8",
                   "model.mixer.short_conv=3", f"+model.mixer.window={w}"),
-        "ssm": ("model/mixer=ssm", "model.mixer.d_state=8", "model/position=none"),
+        "selective": ("model/mixer=ssm", "model.mixer.d_state=8", "model/position=none"),
         "hybrid": ("model/mixer=linear", "model.mixer.pattern=[linear,softmax]",
                    "model.mixer.feature_map=elu"),
         "xl": (*split, f"model.mixer.mem_len={seg}"),
@@ -134,11 +134,8 @@ def checks(size: str) -> tuple[ck.Check, ...]:
         out += [ck.AtChance(NAMES[k], top, chance=chance()) for k in ("window", "sinks")]
         # the recurrent and memory strategies hold accuracy past L where the window cannot
         out += [ck.Beats(NAMES[k], top, other=NAMES["window"])
-                for k in ("ssm", "rmt", "retrieval") if k in s["arms"]]
+                for k in ("selective", "rmt", "retrieval") if k in s["arms"]]
     return tuple(out)
-
-
-# ------------------------------------------------------------------------------ measurement
 
 
 @dataclass
@@ -151,20 +148,13 @@ class Items:
     answers: list[int]
 
 
-@dataclass
-class Run:
-    """A trained arm: the text run (model, streams, objective) and its training config."""
-
-    text: Any  # blocklab.repro.text.TextRun
-    config: Any  # TrainConfig
-
-
 @functools.lru_cache(maxsize=4)
-def _reader(run_dir: str) -> Run:
+def _reader(run_dir: str) -> tuple[Any, Any]:
+    """A trained arm's text run (model, streams, objective) and its training config."""
     from blocklab import checkpoint as ckpt
     from blocklab.repro import text as tx
 
-    return Run(tx.load_text(run_dir), ckpt.read(run_dir).config)
+    return tx.load_text(run_dir), ckpt.read(run_dir).config
 
 
 @functools.lru_cache(maxsize=2)
@@ -276,25 +266,21 @@ def _measure_for(size: str):
     def measure(run_dir: Path, arm: Arm) -> dict[str, ms.Tally]:
         from blocklab.model.estimate import state_bytes
 
-        run = _reader(str(run_dir))
-        model, objective = run.text.model.eval(), run.text.objective
-        pad = run.text.streams.specials.pad
+        run, config = _reader(str(run_dir))
+        model, objective, specials = run.model.eval(), run.objective, run.streams.specials
         out: dict[str, ms.Tally] = {}
-        last = None
-        for k in s["multiples"]:
-            items = held_out(run.config.data, run.text.streams.tokenizer,
-                             run.text.streams.specials.bos, length=k * n, n=s["n"])
-            out[metric(k)] = forced_choice(objective, model, items, pad=pad)
-            last = items
-        m = run.config.model
+        for k in s["multiples"]:  # the last, 16L, also gives the decoding prompt
+            items = held_out(config.data, run.streams.tokenizer, specials.bos, length=k * n,
+                             n=s["n"])
+            out[metric(k)] = forced_choice(objective, model, items, pad=specials.pad)
+        m = config.model
         top = s["multiples"][-1] * n
         big = state_bytes(m, batch=1, seq_len=top, bytes_per_value=2)
         out[STATE] = ms.Scalar(float(big))
         out[STATE_RATIO] = ms.Scalar(big / state_bytes(m, batch=1, seq_len=n,
                                                        bytes_per_value=2))
         out[TRAIN_TPS] = ms.Scalar(training_rate(run_dir))
-        assert last is not None
-        out[DECODE_TPS] = ms.Scalar(decode_rate(objective, model, last.prompts[0], s["decode"]))
+        out[DECODE_TPS] = ms.Scalar(decode_rate(objective, model, items.prompts[0], s["decode"]))
         return out
 
     return measure
@@ -333,9 +319,8 @@ def figure(exp: Experiment, outcome: Any, out: Path) -> dict[str, str]:
                       color=colours(i % 10))
         if metrics.get(metric(top)) and metrics.get(STATE):
             x = statistics.mean(t["rate"] for t in metrics[STATE])
-            right.scatter([x], [ys[-1]], color=colours(i % 10))
-            right.annotate(arm, (x, ys[-1]), fontsize=7, xytext=(3, 3),
-                           textcoords="offset points")
+            right.errorbar([x], [ys[-1]], yerr=[[lo[-1]], [hi[-1]]], marker="o", capsize=2,
+                           color=colours(i % 10))  # colours as the left panel's legend
     for ax in (left, right):
         ax.axhline(chance(), color="grey", lw=0.8, ls=":")
         ax.set_ylim(-0.02, 1.02)
@@ -346,7 +331,7 @@ def figure(exp: Experiment, outcome: Any, out: Path) -> dict[str, str]:
     left.legend(fontsize=7, loc="best")
     right.set_xscale("log")
     right.set_xlabel(f"decode state at {top}L (bytes, bf16)")
-    right.set_title(f"accuracy at {top}L against state", fontsize=9)
+    right.set_title(f"accuracy at {top}L against the state kept (colours as left)", fontsize=9)
     fig.tight_layout()
     path = out / "long_context.png"
     fig.savefig(path, dpi=120)
