@@ -215,18 +215,21 @@ def test_breaks_change_an_arm_and_reuse_runs() -> None:
 
 def test_protocols_compose_and_validate() -> None:
     """Every arm of every size is a valid training config (composed and validated, nothing
-    trained)."""
+    trained). Arms with the same overrides (a quick arm that is also a full one) compose once."""
     from blocklab.config import compose, validate_train
     from blocklab.repro.runner import RUN_DEFAULTS
     from blocklab.train.run import to_train_config
 
+    composed: dict[tuple[str, ...], object] = {}
     for name in ex.names():
         for size in pr.SIZES:
             arms = ex.experiment(name, size).sizes[size].arms
             # a swept arm composed at its first rate (the others differ in optim.lr alone)
             for arm in [with_lr(a, a.sweep.lrs[0]) if a.sweep else a for a in arms]:
-                cfg = compose("train", [*RUN_DEFAULTS, *arm.overrides])
-                tc = validate_train(to_train_config(cfg))  # raises ConfigError when invalid
+                if arm.overrides not in composed:  # raises ConfigError when invalid
+                    composed[arm.overrides] = validate_train(to_train_config(
+                        compose("train", [*RUN_DEFAULTS, *arm.overrides])))
+                tc = composed[arm.overrides]
                 lr = [o for o in arm.overrides if o.startswith("optim.lr=")]
                 assert len(lr) <= 1 and (not lr or tc.optim.lr == float(lr[0].split("=")[1]))
                 steps = [o for o in arm.overrides if o.startswith("trainer.max_steps=")]

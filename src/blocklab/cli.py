@@ -255,7 +255,10 @@ def _eval(cfg: DictConfig) -> None:
         return
     r, p = ev.evaluate_checkpoint(ec.ckpt, spec, val_batches=ec.val_batches,
                                   batch_size=ec.batch_size, out=ec.out, run_data=ec.run_data,
-                                  data=ec.data)
+                                  data=ec.data,
+                                  harness={"tasks": ec.harness, "fewshot": ec.harness_fewshot,
+                                           "limit": ec.harness_limit,
+                                           "include": ec.harness_include})
     for line in ev.result_lines(r):
         print(line)
     if p is not None:

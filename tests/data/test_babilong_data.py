@@ -113,6 +113,7 @@ def test_curriculum_and_fingerprint(tmp_path) -> None:
     ("babilong_depth", [0.0, 1.5], "0 <= lo <= hi <= 1"),
     ("babilong_facts", 2, "data.babilong_facts=2: must be null .* or >= 4"),
     ("packing", True, "data.packing=True"),
+    ("segment_mode", "stream", "data.segment_mode='stream'"),
     ("min_len", 2000, "data.min_len=2000"),
     ("val_tasks", ["qa6"], "data.val_tasks=\\['qa6'\\]: every validation task"),
 ])
@@ -156,3 +157,33 @@ def test_a_tiny_run_trains_and_evaluates(tmp_path, capfd) -> None:
     bad = run_cli(capfd, "blocklab-train", "data=babilong", "tokenizer=byte",
                   "data.babilong_depth=[0.9,0.1]", f"run_dir={tmp_path / 'bad'}")
     assert bad.returncode == 2 and "data.babilong_depth=[0.9, 0.1]" in bad.stderr
+
+
+def test_split_mode_reads_whole_items_in_whole_segments(tmp_path, capfd) -> None:
+    """data.segment_mode=split: items up to data.doc_len drawn in whole segments of seq_len
+    (the curriculum grows the number of segments), each answered from its own text; min_len is
+    checked against doc_len; a tiny XL-memory run trains through the segment objective."""
+    hay = haystack(tmp_path)
+    cfg = config(hay, seq_len=64, doc_len=512, min_len=192, segment_mode="split",
+                 babilong_tasks=["qa1"], babilong_facts=3, curriculum=[[0, 256], [5, 512]])
+    s = build_streams(cfg, BYTE)
+    early = {len(s.train(i, 0).tokens) for i in range(24)}
+    late = [len(s.train(i, 10).tokens) for i in range(48)]
+    assert max(early) <= 256 and max(late) > 256 and max(late) <= 512
+    # each item fills its whole-segment length within a few tokens (the collate pads the rest)
+    assert all(n > 64 * (n // 64) - 8 or n % 64 == 0 for n in late)
+    assert {-(-n // 64) for n in late} >= {4, 8}
+    with pytest.raises(ConfigError, match=r"data.min_len=600: need 8 <= min_len <= doc_len=512"):
+        build_streams(dataclasses.replace(cfg, min_len=600), BYTE)
+    r = run_cli(capfd, "blocklab-train", "data=babilong", "tokenizer=byte",
+                f"data.haystack={hay}", "data.segment_mode=split", "data.seq_len=64",
+                "data.doc_len=256", "data.min_len=192", "data.babilong_facts=3",
+                "data.batch_size=4", "data.val_batches=2", "model=llama_tiny",
+                "model.vocab_size=null", "model.n_layers=1", "model.d_model=32",
+                "model.n_heads=2", "model/attention=mqa", "model.d_ff=64", "model.max_seq_len=64",
+                "model.mixer.mem_len=64", "trainer.max_steps=2", "trainer.ckpt_every_steps=2",
+                "trainer.val_every_steps=2", "trainer.progress_bar=false", "probes=none",
+                "checkpoint_probes.enabled=false", "schedule.warmup_steps=1",
+                f"run_dir={tmp_path / 'xl'}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "val/loss" in r.stdout

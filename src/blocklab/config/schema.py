@@ -332,11 +332,14 @@ class EvalConfig:
     # the validation loss on the run's own data: auto = when that needs no file (synthetic
     # data), skipped for a text run; true = read the run's recorded text sources; false = none
     run_data: str = "auto"
-    # another corpus to compute the loss and perplexity on ('data.files=[...]' or
-    # data.val_files, or a data= option): its sources and reading format from here, tokenized
-    # with the checkpoint's own tokenizer; sequence length, packing and masking from the run
-    # unless the command line sets them (eval/rundata.py corpus_config). No sources = none.
+    # another corpus to compute the loss and perplexity on (data.files / data.val_files / a
+    # data= option; eval/rundata.py corpus_config). No sources = none.
     data: DataConfig = field(default_factory=lambda: DataConfig(name=DataName.text))
+    # lm-evaluation-harness tasks, few-shot count, examples per task, a task YAML directory
+    harness: list[str] = field(default_factory=list)
+    harness_fewshot: int | None = None
+    harness_limit: float | None = None
+    harness_include: str | None = None
 
 
 @dataclass
@@ -345,10 +348,8 @@ class ImportConfig:
     gguf: str | None = None  # a GGUF file inside from_hf (llama architecture)
     out: str | None = None  # run directory to create, new or empty (default outputs/imported/<name>)
     ignore_fields: list[str] = field(default_factory=list)  # HF config keys declared harmless
-    # true: replace an `out` that holds anything, whole. The import is written into a hidden
-    # sibling (.tmp-<name>-<pid>) and swapped in only once complete (the old directory renamed
-    # to .old-<name>-<pid>, the new one renamed in, then the old one deleted): a failure at any
-    # point leaves the old content as it was. false: such an `out` is refused (exit 2).
+    # true: replace an `out` that holds anything, whole (written into a hidden sibling, swapped
+    # in once complete: a failure leaves the old content as it was); false: refused (exit 2).
     overwrite: bool = False
 
 

@@ -293,7 +293,34 @@ def validate_eval(cfg: EvalConfig) -> EvalConfig:
         _one_of("data.utf8_errors", cfg.data.utf8_errors, UTF8_ERRORS)
     cfg.probes = validate_probe_spec(cfg.probes, "probes",
                                      synthetic=False if cfg.hf_model else None)
+    _validate_harness(cfg)
     return cfg
+
+
+def _validate_harness(cfg: EvalConfig) -> None:
+    """``harness=[tasks]`` and its options (eval/harness_tasks.py), before anything loads."""
+    import importlib.util
+    from pathlib import Path
+
+    tasks = list(cfg.harness or [])
+    for key in ("harness_fewshot", "harness_limit", "harness_include"):
+        _check(tasks or getattr(cfg, key) is None, key, getattr(cfg, key),
+               "applies to harness=[task,...] tasks, and none is named")
+    if not tasks:
+        return
+    _check(all(isinstance(t, str) and t.strip() for t in tasks), "harness", tasks,
+           "lm-evaluation-harness task names")
+    _check(cfg.hf_model is None, "harness", tasks, "for blocklab checkpoints (ckpt=); a "
+           "Hugging Face model runs in lm-eval itself (lm_eval --model hf)")
+    _check(importlib.util.find_spec("lm_eval") is not None, "harness", tasks,
+           "needs lm-evaluation-harness: pip install 'blocklab[harness]'")
+    _check(cfg.harness_fewshot is None or cfg.harness_fewshot >= 0, "harness_fewshot",
+           cfg.harness_fewshot, "null (each task's own) or >= 0")
+    limit = cfg.harness_limit
+    _check(limit is None or (limit > 0 and (limit < 1 or float(limit).is_integer())),
+           "harness_limit", limit, "null (every example), a count >= 1, or a share in (0, 1)")
+    _check(cfg.harness_include is None or Path(cfg.harness_include).is_dir(), "harness_include",
+           cfg.harness_include, "a directory of lm-eval task YAML files")
 
 
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")

@@ -26,17 +26,21 @@ def validate_babilong(d: DataConfig, key: str = "data") -> DataConfig:
            "essay, shakespeare or the path of a text file")
     _check(not d.packing, f"{key}.packing", d.packing, "babilong examples are one story each",
            "set data.packing=false")
-    _check(d.segment_mode == "none", f"{key}.segment_mode", d.segment_mode,
-           "babilong examples are read whole (none)")
-    _check(8 <= d.min_len <= d.seq_len, f"{key}.min_len", d.min_len,
-           f"need 8 <= min_len <= seq_len={d.seq_len}")
+    _check(d.segment_mode in ("none", "split"), f"{key}.segment_mode", d.segment_mode,
+           "babilong examples are whole items: none (read whole) or split (one item read "
+           "segment by segment); stream is for a text corpus")
+    # the longest item (validate_data.longest; not imported: that module calls this one):
+    # split reads data.doc_len tokens, whole segments of seq_len, segment by segment
+    top = (d.doc_len or d.seq_len) if d.segment_mode == "split" else d.seq_len
+    what = f"doc_len={top}" if d.segment_mode == "split" else f"seq_len={d.seq_len}"
+    _check(8 <= d.min_len <= top, f"{key}.min_len", d.min_len, f"need 8 <= min_len <= {what}")
     stages = [list(st) for st in d.curriculum]
     _check(all(len(st) == 2 and st[0] >= 0 and st[1] >= d.min_len for st in stages)
            and stages == sorted(stages), f"{key}.curriculum", stages,
            f"needs [[from_step, max_len], ...] sorted by step, each max_len >= "
            f"min_len={d.min_len}")
-    _check(d.val_len is None or d.min_len <= d.val_len <= d.seq_len, f"{key}.val_len",
-           d.val_len, f"must be null or in min_len..seq_len ({d.min_len}..{d.seq_len})")
+    _check(d.val_len is None or d.min_len <= d.val_len <= top, f"{key}.val_len",
+           d.val_len, f"must be null or in min_len..{what.split('=')[0]} ({d.min_len}..{top})")
     for task in d.val_tasks:
         _check(task in tasks, f"{key}.val_tasks", list(d.val_tasks),
                f"every validation task must be trained on; {task!r} is not "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.config import ConfigError, DataConfig, TokenizerConfig, TokenizerName
+from blocklab.config.validate_data import longest
 from blocklab.data.babi import MIN_FACTS, STORY_FACTS, VOCABULARY, story
 from blocklab.data.babilong import ANSWER, PROMPT, TooShort, build_sample
 from blocklab.data.haystack import ESSAY, sentences_of, source_texts
@@ -131,7 +132,8 @@ class BabilongStream:
 
     def max_len(self, step: int) -> int:
         started = [n for start, n in self.d.curriculum if start <= step]
-        return min(started[-1], self.d.seq_len) if started else self.d.seq_len
+        top = longest(self.d)
+        return min(started[-1], top) if started else top
 
     def facts(self, task: str) -> int | None:
         return None if task == "qa4" else self.d.babilong_facts
@@ -141,8 +143,15 @@ class BabilongStream:
         rng = example_rng(d.seed, index, self.salt)
         task = rng.choice(self.tasks)
         batch_rng = example_rng(d.seed, index // d.batch_size, self.salt + ":length")
-        hi = d.seq_len if step is None else self.max_len(step)
-        length = self.length or batch_rng.randint(min(d.min_len, hi), hi)
+        hi = longest(d) if step is None else self.max_len(step)
+        lo = min(d.min_len, hi)
+        if self.length:
+            length = self.length
+        elif d.segment_mode == "split" and hi >= d.seq_len:  # whole segments, as the mixture
+            t = d.seq_len
+            length = t * batch_rng.randint(max(-(-lo // t), 1), hi // t)
+        else:
+            length = batch_rng.randint(lo, hi)
         return self.example(task, length, rng)
 
     def example(self, task: str, length: int, rng: random.Random,
@@ -216,13 +225,13 @@ def babilong_streams(data: DataConfig, tok_cfg: TokenizerConfig) -> dict[str, An
     check_lengths(train)
     for stream, part in ((train, "training"), (val, "validation")):
         try:  # the longest example of each part: the haystack is never repeated
-            stream.example(stream.tasks[0], data.seq_len, random.Random(0))
+            stream.example(stream.tasks[0], longest(data), random.Random(0))
         except TooShort:
             raise ConfigError(
                 f"config error: data.haystack={data.haystack!r}: its {part} part "
-                f"({len(stream.sentences):,} sentences) is too short for data.seq_len="
-                f"{data.seq_len} tokens (it is never repeated); use a longer text "
-                "(shakespeare) or a shorter data.seq_len") from None
+                f"({len(stream.sentences):,} sentences) is too short for "
+                f"{longest(data)} tokens (it is never repeated); use a longer text "
+                "(shakespeare) or shorter items (data.seq_len / doc_len)") from None
     tok_json = tok.to_str()
     spec = {"babilong": FORMAT, "tasks": list(data.babilong_tasks),
             "depth": [float(x) for x in data.babilong_depth], "facts": data.babilong_facts,
@@ -230,7 +239,9 @@ def babilong_streams(data: DataConfig, tok_cfg: TokenizerConfig) -> dict[str, An
             "val_share": VAL_SHARE, "tokenizer": digest(tok_json),
             "curriculum": [list(st) for st in data.curriculum], "val_len": data.val_len,
             "val_tasks": sorted(data.val_tasks),
-            **{k: getattr(data, k) for k in ("seed", "seq_len", "min_len", "batch_size")}}
+            **{k: getattr(data, k) for k in ("seed", "seq_len", "min_len", "batch_size")},
+            **({"segment_mode": data.segment_mode, "doc_len": data.doc_len}
+               if data.segment_mode != "none" else {})}
     chars = sum(len(s) for s in train_s)
     described = (f"babilong {', '.join(data.babilong_tasks)} in the {data.haystack} haystack "
                  f"({len(train_s):,} training sentences, {chars:,} characters; "

@@ -188,14 +188,19 @@ def result_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"checkpoint {c['checkpoint']} (step {c['step']}) on {c['data']}: loss "
                      f"{c['loss']:.4f}, perplexity {c['perplexity']:.2f} over {c['tokens']:,} "
                      f"tokens{part} -> {c['file']}")
+    h = r.get("harness")
+    if h:
+        from blocklab.eval.harness_tasks import headline_lines
+
+        lines += [f"harness results {h['file']}", *headline_lines(h["metrics"])]
     return lines
 
 
 def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = None,
                         batch_size: int | None = None, out: str | Path | None = None,
                         run_data: str = "auto", data: DataConfig | None = None,
-                        data_keys: Iterable[str] | None = None
-                        ) -> tuple[dict[str, Any], Any]:
+                        data_keys: Iterable[str] | None = None,
+                        harness: dict[str, Any] | None = None) -> tuple[dict[str, Any], Any]:
     """``blocklab-eval ckpt=...``: validation loss — with ``data`` (a data config naming text),
     the loss and perplexity on that corpus instead (and the run's own too with
     ``run_data=true``: :func:`corpus_loss`) — then the probes (when ``spec`` is enabled).
@@ -207,7 +212,9 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
     writable, the run free, the probe grid against the run's vocabulary, the corpus's reading
     against the model) before the first file is written. ``data_keys``: the ``data.*`` fields
     set on purpose — read as given, not taken from the run (default: those the command line
-    set; from Python, none)."""
+    set; from Python, none). ``harness``: lm-evaluation-harness tasks to run on the model
+    (``tasks``, ``fewshot``, ``limit``, ``include``; eval/harness_tasks.py), their results file
+    and headline metrics in ``result["harness"]``."""
     from blocklab.config import has_sources
     from blocklab.runlock import run_lock, writable_dir
 
@@ -253,7 +260,22 @@ def evaluate_checkpoint(target: str | Path, spec, *, val_batches: int | None = N
                       if "streams" in kept else None)
         probes = (probe_checkpoint(loaded, spec, out=probe_out(out, spec), model=model,
                                    validation=validation) if spec.enabled else None)
+        if harness and harness.get("tasks"):
+            result["harness"] = _harness(loaded, model, harness, out, batch_size)
     return result, probes
+
+
+def _harness(loaded: ckpt.Loaded, model: torch.nn.Module, h: dict[str, Any],
+             out: str | Path | None, batch_size: int | None) -> dict[str, Any]:
+    """The harness tasks on the loaded model, their results beside the probe reports."""
+    from blocklab.eval.harness import HarnessModel
+    from blocklab.eval.harness_tasks import run_harness
+
+    lm = HarnessModel(model, loaded.meta, loaded.config, batch_size=batch_size or 8)
+    root = Path(out) if out is not None else loaded.run_dir / "probes" / loaded.name
+    file, metrics = run_harness(lm, list(h["tasks"]), out_root=root, fewshot=h.get("fewshot"),
+                                limit=h.get("limit"), include=h.get("include"), log=_stderr)
+    return {"file": str(file), "metrics": metrics}
 
 
 def command_line_keys(section: str) -> set[str]:
