@@ -8,10 +8,8 @@ Arms: global softmax (rotary positions), a sliding window, sinks + window (Strea
 a sliding window, arXiv 2402.18668), a selective SSM (Mamba, arXiv 2312.00752), a linear/softmax
 hybrid, Transformer-XL memory (arXiv 1901.02860), recurrent memory tokens (RMT, arXiv
 2207.06881) and a retrieval memory (Memorizing Transformers, arXiv 2203.08913). The last three
-read a document segment by segment (``data.segment_mode=split``; measured through the segment
-objective's evaluation carry, :class:`~blocklab.objectives.SegmentedLM`), which
-``data.name=babilong`` refuses for now: they are defined (:data:`PENDING`) but not yet in the
-full protocol's arms.
+read a document segment by segment (``data.segment_mode=split``) and are measured through the
+segment objective's evaluation carry (:class:`~blocklab.objectives.SegmentedLM`).
 
 Measured per arm: forced-choice accuracy over the task's labels (each label's total
 log-likelihood after the training prompt, :data:`blocklab.data.babilong.PROMPT`), the decode
@@ -46,12 +44,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "full": {"length": 128, "multiples": (1, 2, 4, 8, 16), "n": 48, "facts": 2, "window": 32,
              "segment": 64, "steps": 400, "lr": 3e-3, "batch": 16, "layers": 2, "width": 64,
              "vocab": 2048, "decode": 64,
-             "arms": ("global", "window", "selective", "based", "sinks", "chunked", "hybrid")},
+             "arms": ("global", "window", "selective", "based", "sinks", "chunked", "hybrid",
+                      "xl", "rmt", "retrieval")},
 }
-# The memory arms read a document segment by segment (data.segment_mode=split), which
-# data.name=babilong refuses for now ("babilong examples are read whole"): their overrides are
-# below (_strategy), and they join the full arms once the data source reads split documents.
-PENDING = ("xl", "rmt", "retrieval")
 TASK = "qa1"
 SALT = "repro:long_context"
 N_SINKS = 4
@@ -273,11 +268,12 @@ def _measure_for(size: str):
             items = held_out(config.data, run.streams.tokenizer, specials.bos, length=k * n,
                              n=s["n"])
             out[metric(k)] = forced_choice(objective, model, items, pad=specials.pad)
-        m = config.model
-        top = s["multiples"][-1] * n
-        big = state_bytes(m, batch=1, seq_len=top, bytes_per_value=2)
+        m, top = config.model, s["multiples"][-1] * n
+        # a segment-mode model carries one segment's keys plus its memories (counted whole)
+        seg = config.data.seq_len if config.data.segment_mode != "none" else top
+        big = state_bytes(m, batch=1, seq_len=min(top, seg), bytes_per_value=2)
         out[STATE] = ms.Scalar(float(big))
-        out[STATE_RATIO] = ms.Scalar(big / state_bytes(m, batch=1, seq_len=n,
+        out[STATE_RATIO] = ms.Scalar(big / state_bytes(m, batch=1, seq_len=min(n, seg),
                                                        bytes_per_value=2))
         out[TRAIN_TPS] = ms.Scalar(training_rate(run_dir))
         out[DECODE_TPS] = ms.Scalar(decode_rate(objective, model, items.prompts[0], s["decode"]))
@@ -370,22 +366,21 @@ def make(size: str) -> Experiment:
                   f"sliding window W; sinks + window ({N_SINKS} + W-{N_SINKS}); chunks of W with "
                   f"layer 2 global (NoPE); Based (Taylor linear attention, feature_dim 8, short "
                   f"convolution 3, then a window-W softmax layer); selective SSM (d_state 8); "
-                  f"a linear (elu+1) / global softmax hybrid. Not run yet: XL memory (mem_len "
-                  f"S), memory tokens ({MEMORY_TOKENS}) and retrieval (layer 2 memorizing, top 8 "
-                  f"of 16L), read in segments of S (data.segment_mode=split, which data=babilong "
-                  f"refuses for now; their overrides are in the module). Measured on "
+                  f"a linear (elu+1) / global softmax hybrid; and read in segments of S "
+                  f"(data.segment_mode=split): XL memory (mem_len S), memory tokens "
+                  f"({MEMORY_TOKENS}), retrieval (layer 2 memorizing, top 8 of 16L). Measured on "
                   f"{f['n']} held-out items per length (quick {q['n']}; repro seed, held-out "
                   f"haystack) at {', '.join(f'{k}L' for k in f['multiples'])}: forced choice "
                   f"over the {round(1 / chance())} labels (each label's total log-likelihood after "
                   "the training prompt; segment arms read through the evaluation carry); the "
-                  "decode state at 16L (blocklab-estimate); training tokens/s (the run's logged "
-                  "median); decoding tokens/s (greedy steps after a 16L prompt, one thread; "
+                  "decode state at 16L (blocklab-estimate; segment arms: one segment and their "
+                  "memories); training tokens/s (the run's logged median); decoding tokens/s (greedy steps after a 16L prompt, one thread; "
                   "absolute times are this machine's, the ratios are the result). Expected from "
                   "the papers: the window and sinks arms at chance at 16L (the facts lie "
                   "outside W); the SSM, memory tokens and retrieval above the window at 16L; "
                   "global softmax falls past L (rotary angles never trained); XL memory's reach "
                   "is 2 S + S tokens. Checked at full size: window and sinks at chance at 16L, "
-                  "the SSM above the window at 16L (and memory tokens, retrieval once run) and "
+                  "the SSM, memory tokens and retrieval above the window at 16L, and "
                   "the state bounds; quick (CI: global, window, sinks + window) checks the state "
                   "structure only (bounded for the window and sinks, growing 16x for global)."),
         sizes={s: Protocol(arms(s), checks(s), seeds=1) for s in SIZES},
