@@ -24,6 +24,7 @@ from blocklab.repro.experiments import (
     chunked,
     extrapolation,
     listops,
+    long_context,
     memory_recall,
     mqar,
     recall_state,
@@ -61,4 +62,5 @@ EXPERIMENTS: dict[str, Callable[[str], Experiment]] = {
     "sinks": sinks.make,
     "xl_memory": xl_memory.make,
     "memory_recall": memory_recall.make,
+    "long_context": long_context.make,
 }
