@@ -28,8 +28,9 @@ SMOKE = ["experiment=smoke", "trainer.progress_bar=false", "probes=none",
          "checkpoint_probes.enabled=false"]
 
 
-def _float_keys(cls: type, prefix: str = "") -> list[tuple[str, bool]]:
-    """(dotted key, holds a list) of every float of a schema dataclass, nested ones too."""
+def _float_keys(cls: type, prefix: str = "") -> list[tuple[str, bool | str]]:
+    """(dotted key, holds a list: True, or "nested" for a list of lists) of every float of a
+    schema dataclass, nested ones too."""
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -37,7 +38,7 @@ def _float_keys(cls: type, prefix: str = "") -> list[tuple[str, bool]]:
         if dataclasses.is_dataclass(kind):
             out += _float_keys(kind, key + ".")
         elif "float" in str(kind) and "dict" not in str(kind):
-            out.append((key, "list" in str(kind)))
+            out.append((key, "nested" if "list[list" in str(kind) else "list" in str(kind)))
     return out
 
 
@@ -65,7 +66,10 @@ def _refusal(base, key: str, value) -> str:
 def test_every_float_of_a_training_config_refuses_nan(base, key, listed):
     """A range rule written as ``x < 0 -> refuse`` let NaN through (min_delta, norm.eps, rope's
     base, init_std ...): no number reaches a rule before it is known to be finite."""
-    if listed:
+    if listed == "nested":  # a list of lists (depth bands): the inner list is named
+        assert (_refusal(base, key, [[0.5, math.nan]])
+                == f"config error: {key}[0]=[0.5, nan]: {EACH}")
+    elif listed:
         assert _refusal(base, key, [0.5, math.nan]) == f"config error: {key}=[0.5, nan]: {EACH}"
     else:
         assert _refusal(base, key, math.nan) == f"config error: {key}=nan: {FINITE_RULE}"

@@ -79,3 +79,15 @@ def _each(key: str, values: list, ok, rule: str, *, required: bool) -> None:
            "must not be empty while this probe is enabled")
     bad = [v for v in values if not ok(v)]
     _check(not bad, key, values, f"{rule} (not {bad[0]!r})" if bad else rule)
+
+
+def val_tasks_trained(key: str, val_tasks: list[str], trained: set[str] | list[str],
+                      what: str) -> None:
+    """``data.val_tasks``: each named once and trained on (``what`` says where the trained
+    tasks are set, e.g. ``data.tasks with weight > 0``)."""
+    for task in val_tasks:
+        _check(task in trained, f"{key}.val_tasks", list(val_tasks),
+               f"every validation task must be trained on; {task!r} is not "
+               f"({what}: {', '.join(sorted(trained))})")
+    _check(len(set(val_tasks)) == len(val_tasks), f"{key}.val_tasks", list(val_tasks),
+           "names a task twice")

@@ -4,7 +4,7 @@ mixture's. The haystack file itself is read later (a missing file is a data erro
 
 from __future__ import annotations
 
-from blocklab.config.checks import _check, _finite
+from blocklab.config.checks import _check, _finite, val_tasks_trained
 from blocklab.config.choices import BABILONG_MIN_FACTS, BABILONG_TASKS
 from blocklab.config.schema import DataConfig
 
@@ -41,10 +41,5 @@ def validate_babilong(d: DataConfig, key: str = "data") -> DataConfig:
            f"min_len={d.min_len}")
     _check(d.val_len is None or d.min_len <= d.val_len <= top, f"{key}.val_len",
            d.val_len, f"must be null or in min_len..{what.split('=')[0]} ({d.min_len}..{top})")
-    for task in d.val_tasks:
-        _check(task in tasks, f"{key}.val_tasks", list(d.val_tasks),
-               f"every validation task must be trained on; {task!r} is not "
-               f"(data.babilong_tasks: {', '.join(tasks)})")
-    _check(len(set(d.val_tasks)) == len(d.val_tasks), f"{key}.val_tasks", list(d.val_tasks),
-           "names a task twice")
+    val_tasks_trained(key, list(d.val_tasks), tasks, "data.babilong_tasks")
     return d

@@ -9,7 +9,7 @@ import glob
 import sys
 from pathlib import Path
 
-from blocklab.config.checks import _check, _fail, _finite, _name, _one_of
+from blocklab.config.checks import _check, _fail, _finite, _name, _one_of, val_tasks_trained
 from blocklab.config.schema import (
     DATA_FORMATS,
     DOCUMENT_SPLITS,
@@ -84,12 +84,7 @@ def validate_mixture(d: DataConfig, key: str = "data") -> DataConfig:
         raise _fail(f"{key}.tasks", weights, "weights must be >= 0 with a positive sum")
     used = {k for k, w in weights.items() if w}
     trained = used | {k for k, w in users.items() if w}
-    for task in d.val_tasks:
-        _check(task in trained, f"{key}.val_tasks", list(d.val_tasks),
-               f"every validation task must be trained on; {task!r} is not "
-               f"(data.tasks with weight > 0: {', '.join(sorted(trained))})")
-    _check(len(set(d.val_tasks)) == len(d.val_tasks), f"{key}.val_tasks", list(d.val_tasks),
-           "names a task twice")
+    val_tasks_trained(key, list(d.val_tasks), trained, "data.tasks with weight > 0")
     top = longest(d)  # seq_len, or doc_len in split mode
     top_name = "doc_len" if top != d.seq_len else "seq_len"
     _check(d.val_len is None or d.min_len <= d.val_len <= top, f"{key}.val_len",
