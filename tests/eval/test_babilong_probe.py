@@ -338,3 +338,29 @@ def test_bad_settings_are_one_line(kw, needle):
     with pytest.raises(ConfigError) as e:
         validate_probe_spec(spec(**kw))
     assert "\n" not in str(e.value) and needle in str(e.value), str(e.value)
+
+
+def test_stories_as_the_checkpoint_trained_and_bands_redrawn(tok) -> None:
+    """``facts: null`` takes a data=babilong run's data.babilong_facts (a set value, another
+    data source and a disabled kind are left alone); every item then holds that many facts
+    (qa4: always 2), and a band that a first haystack draw cannot hold is redrawn rather than
+    making the whole cell N/A (one short length, a narrow middle band: every cell built)."""
+    from types import SimpleNamespace
+
+    from blocklab.config import DataName
+
+    run = SimpleNamespace(data=SimpleNamespace(name=DataName.babilong, babilong_facts=2))
+    s = spec(n=6, tasks=["qa1", "qa4"], lengths=[0.5], depths=[[0.33, 0.67]])
+    adapted = Babilong.adapt(s, run)
+    assert adapted.babilong.facts == 2 and s.babilong.facts is None
+    assert spec_hash(adapted) != spec_hash(s)
+    assert Babilong.adapt(spec(facts=4), run).babilong.facts == 4
+    text_run = SimpleNamespace(data=SimpleNamespace(name=DataName.text, babilong_facts=2))
+    assert Babilong.adapt(s, text_run) is s
+    assert Babilong.adapt(spec(enabled=False), run).babilong.facts is None
+    cells = Babilong.text_cells(adapted, TextBuilder(tok, adapted), TRAIN, None)
+    assert all(c.na is None for c in cells), [c.na for c in cells]
+    assert {it.meta["n_facts"] for c in cells for it in c.items} == {2}
+    for c in cells:
+        assert all(0.33 - BAND_SLACK <= d <= 0.67 + BAND_SLACK
+                   for it in c.items for d in it.meta["fact_depths"])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from blocklab.config.checks import _check, _each, _finite
+from blocklab.config.choices import BABILONG_MIN_FACTS, BABILONG_TASKS
 from blocklab.config.facts import (
     FILLERS,
     MULTI_NEEDLE_VARIANTS,
@@ -258,8 +259,6 @@ class AggregationProbeConfig(ProbeKindConfig):
                "item")
 
 
-#: bAbI's tasks (data/babi.py's ``TASKS``, below this floor; a test keeps the two equal)
-BABILONG_TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 #: Prompt styles of the BABILong probe: ``plain`` (the training data's format) or the
 #: benchmark's own instruction + few-shot examples
 BABILONG_PROMPTS = ("plain", "babilong")
@@ -282,7 +281,7 @@ class BabilongProbeConfig(ProbeKindConfig):
     ADDED: ClassVar[dict[str, Any]] = {
         "enabled": False, "tasks": ["qa1", "qa2", "qa3"], "lengths": [0.5, 1.0, 2.0],
         "depths": [[0.0, 1.0], [0.0, 0.33], [0.33, 0.67], [0.67, 1.0]], "n": 16,
-        "prompt": "plain", "export": None, "export_only": False}
+        "prompt": "plain", "export": None, "export_only": False, "facts": None}
     enabled: bool = False
     tasks: list[str] = field(default_factory=lambda: ["qa1", "qa2", "qa3"])
     lengths: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0])  # × train_length
@@ -290,6 +289,9 @@ class BabilongProbeConfig(ProbeKindConfig):
     depths: list[list[float]] = field(default_factory=lambda: [
         [0.0, 1.0], [0.0, 0.33], [0.33, 0.67], [0.67, 1.0]])
     n: int = 16
+    # facts per story (qa4 always 2): null = as the checkpoint trained (data.babilong_facts of
+    # a data=babilong run), else each task's usual size
+    facts: int | None = None
     prompt: str = "plain"  # plain | babilong
     # a folder: also write the items as a dataset (JSON lines + lm-eval task YAMLs)
     export: str | None = None
@@ -303,6 +305,11 @@ class BabilongProbeConfig(ProbeKindConfig):
         _each(f"{k}.depths", self.depths, _band,
               "each depth band must be [lo, hi] with 0 <= lo <= hi <= 1", required=live)
         _n(ctx, self.n, live)
+        told = [t for t in self.tasks if t != "qa4"]
+        need = max((BABILONG_MIN_FACTS.get(t, 1) for t in told), default=1)
+        _check(self.facts is None or (isinstance(self.facts, int) and self.facts >= need),
+               f"{k}.facts", self.facts, f"must be null (as trained / each task's usual size) "
+               f"or >= {need} (the fewest facts a question of {', '.join(told) or 'qa4'} rests on)")
         _check(self.prompt in BABILONG_PROMPTS, f"{k}.prompt", self.prompt,
                f"one of {', '.join(BABILONG_PROMPTS)}")
         _check(self.export is None or bool(str(self.export).strip()), f"{k}.export",

@@ -67,9 +67,12 @@ def probe_model(model: torch.nn.Module, tc: TrainConfig, meta: dict[str, Any], s
     perplexity probe reads by default."""
     from blocklab.data.tokenizer import Specials
     from blocklab.eval.backends import BlocklabBackend
+    from blocklab.eval.kinds import kinds
     from blocklab.eval.probes import run_spec
     from blocklab.objectives import build_objective
 
+    for kind in kinds():  # settings left to the checkpoint (e.g. stories as trained)
+        spec = kind.adapt(spec, tc)
     specials = Specials.from_dict(meta.get("specials"))
     builder, decode = probe_builder(spec, tc, meta["tokenizer"], specials,
                                     add_bos=meta.get("text_bos", True), validation=validation)

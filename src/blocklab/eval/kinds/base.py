@@ -81,6 +81,13 @@ class ProbeKind:
             spec.kinds or {})
 
     @classmethod
+    def adapt(cls, spec: ProbeSpec, tc: Any) -> ProbeSpec:
+        """``spec`` with this kind's settings fitted to the checkpoint's training config ``tc``
+        (e.g. items drawn as the run trained them) where the user left them to it; the default
+        changes nothing."""
+        return spec
+
+    @classmethod
     def cells(cls, builder: Any, spec: ProbeSpec, train_length: int,
               max_length: int | None) -> list[Cell]:
         """The kind's cells on ``builder`` (its ``space`` says which form)."""
