@@ -40,7 +40,9 @@ ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": N
 
 #: data keys and task weights added since the hashes were recorded: left out at their defaults
 DATA_ADDED: dict[str, Any] = {"user_tasks": {}, "listops_gap": 0, "segment_mode": "none",
-                               "doc_len": None}
+                               "doc_len": None, "babilong_tasks": ["qa1"],
+                               "babilong_depth": [0.0, 1.0], "babilong_facts": None,
+                               "haystack": "shakespeare"}
 #: trainer and (top-level) model keys added since, likewise (issue 45: memory across segments)
 TRAINER_ADDED: dict[str, Any] = {"bptt": 1}
 MODEL_ADDED: dict[str, Any] = {"memory_tokens": 0}
@@ -149,7 +151,8 @@ def legacy_layout(model: dict[str, Any]) -> dict[str, Any]:
 def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
     """A plain training config with its model in :func:`legacy_layout`, and without keys added
     since that are at their default (``data.user_tasks: {}``, ``data.listops_gap: 0``, a new
-    task's weight 0, ``data.segment_mode: none``, ``trainer.bptt: 1``): an unchanged run keeps
+    task's weight 0, ``data.segment_mode: none``, the ``data=babilong`` keys at their defaults,
+    ``trainer.bptt: 1``): an unchanged run keeps
     the config hash earlier versions recorded."""
     data = config.get("data")
     if isinstance(data, dict):
