@@ -34,3 +34,6 @@ SEGMENT_MODES = ("none", "split", "stream")  # data.segment_mode (none: rows as 
 #: of each rests on (blocklab.data.babi.MIN_FACTS; qa4 always has 2)
 BABILONG_TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 BABILONG_MIN_FACTS = {"qa1": 1, "qa2": 2, "qa3": 3, "qa4": 2, "qa5": 4}
+#: Prompt styles of the BABILong probe: ``plain`` (the training data's format) or the
+#: benchmark's own instruction + few-shot examples
+BABILONG_PROMPTS = ("plain", "babilong")

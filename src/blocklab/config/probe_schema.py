@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from blocklab.config.checks import _check, _each, _finite
-from blocklab.config.choices import BABILONG_MIN_FACTS, BABILONG_TASKS
+from blocklab.config.choices import BABILONG_MIN_FACTS, BABILONG_PROMPTS, BABILONG_TASKS
 from blocklab.config.facts import (
     FILLERS,
     MULTI_NEEDLE_VARIANTS,
@@ -259,11 +259,6 @@ class AggregationProbeConfig(ProbeKindConfig):
                "item")
 
 
-#: Prompt styles of the BABILong probe: ``plain`` (the training data's format) or the
-#: benchmark's own instruction + few-shot examples
-BABILONG_PROMPTS = ("plain", "babilong")
-
-
 def _band(x: Any) -> bool:
     return (isinstance(x, list | tuple) and len(x) == 2 and all(_finite(v) for v in x)
             and 0 <= x[0] <= x[1] <= 1)
@@ -289,8 +284,7 @@ class BabilongProbeConfig(ProbeKindConfig):
     depths: list[list[float]] = field(default_factory=lambda: [
         [0.0, 1.0], [0.0, 0.33], [0.33, 0.67], [0.67, 1.0]])
     n: int = 16
-    # facts per story (qa4 always 2): null = as the checkpoint trained (data.babilong_facts of
-    # a data=babilong run), else each task's usual size
+    # facts per story (qa4: 2); null = a data=babilong run's data.babilong_facts, else usual
     facts: int | None = None
     prompt: str = "plain"  # plain | babilong
     # a folder: also write the items as a dataset (JSON lines + lm-eval task YAMLs)
