@@ -54,6 +54,9 @@ ALLOWED = {
     # the chunked experiment builds the needle *task*'s examples at chosen chunks: their meta
     # says task "needle", as data/tasks/needle.py's do
     ("repro/experiments/chunked.py", "needle"),
+    # the BABILong probe's prompt styles (BABILONG_PROMPTS: "plain" or the benchmark's own,
+    # named after it), a string choice of its settings on the config floor
+    ("config/choices.py", "babilong"),
 }
 
 
