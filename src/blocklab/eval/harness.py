@@ -37,16 +37,11 @@ from typing import Any
 
 import torch
 
-from blocklab.config import ConfigError
+from blocklab.config.checks import require
 
 #: The default number of tokens ``generate_until`` may add when a task does not say
 #: (``max_gen_toks``; the harness's own default).
 MAX_GEN_TOKS = 256
-
-
-def refuse(key: str, value: Any, rule: str) -> None:
-    """One line naming the key, the value and the rule."""
-    raise ConfigError(f"config error: {key}={value!r}: {rule}")
 
 
 def _flag(value: Any) -> bool:
@@ -70,12 +65,14 @@ class HarnessModel:
 
         self.family = tc.model.family.name
         if self.family == "encoder":
-            refuse("model.family.name", "encoder", "lm-evaluation-harness scores left-to-right "
-                   "continuations; a masked LM predicts masked slots in place and has no "
-                   "continuation likelihood or greedy continuation")
+            require(False,
+                    "model.family.name", "encoder", "lm-evaluation-harness scores left-to-right "
+                    "continuations; a masked LM predicts masked slots in place and has no "
+                    "continuation likelihood or greedy continuation")
         if json.loads(meta["tokenizer"]).get("kind") == "synthetic":
-            refuse("tokenizer.name", "synthetic", "harness tasks are text; this checkpoint's "
-                   "vocabulary is blocklab's synthetic symbols (train with a text tokenizer)")
+            require(False,
+                    "tokenizer.name", "synthetic", "harness tasks are text; this checkpoint's "
+                    "vocabulary is blocklab's synthetic symbols (train with a text tokenizer)")
         self.model = model.eval()
         self.specials = Specials.from_dict(meta.get("specials"))
         objective = build_objective(self.family, dataclasses.replace(tc.data, packing=False),
@@ -92,8 +89,8 @@ class HarnessModel:
         if max_length is not None:
             max_length = int(max_length)
             if max_length < 2 or (self.positions is not None and max_length > self.positions):
-                refuse("max_length", max_length, "at least 2 and at most the "
-                       f"{self.positions} positions the model can index")
+                require(False, "max_length", max_length, "at least 2 and at most the "
+                        f"{self.positions} positions the model can index")
         self.limit = max_length or self.positions  # longest scored input (None: any)
         # a segment-mode model reads a long text segment by segment (data.seq_len is one
         # segment): its perplexity window is the whole text, up to the positions it can index
@@ -139,8 +136,9 @@ class HarnessModel:
         if not self.causal or self.limit is None or len(ctx) + len(cont) - 1 <= self.limit:
             return ctx, cont
         if len(cont) > self.limit:
-            refuse("max_length", self.limit, f"a continuation of {len(cont)} tokens does not "
-                   "fit the positions the model reads")
+            require(False,
+                    "max_length", self.limit, f"a continuation of {len(cont)} tokens does not "
+                    "fit the positions the model reads")
         return ctx[len(ctx) + len(cont) - 1 - self.limit:], cont
 
     @torch.no_grad()
@@ -209,8 +207,9 @@ class HarnessModel:
 
     def loglikelihood_rolling(self, texts: Sequence[str]) -> list[float]:
         if not self.causal:
-            refuse("model.family.name", self.family, "a rolling log-likelihood (perplexity) "
-                   "needs a causal LM")
+            require(False,
+                    "model.family.name", self.family, "a rolling log-likelihood (perplexity) "
+                    "needs a causal LM")
         windows = [self.rolling_windows(t) for t in texts]
         scores = self.score_tokens([w for ws in windows for w in ws])
         out, k = [], 0
@@ -240,13 +239,15 @@ class HarnessModel:
     def _settings(self, kw: dict[str, Any]) -> tuple[list[str], int]:
         kw = dict(kw or {})
         if _flag(kw.get("do_sample", False)) or float(kw.get("temperature") or 0.0) > 0:
-            refuse("gen_kwargs.do_sample", kw.get("do_sample"), "the blocklab harness model "
-                   "decodes greedily (do_sample=false, temperature=0)")
+            require(False,
+                    "gen_kwargs.do_sample", kw.get("do_sample"), "the blocklab harness model "
+                    "decodes greedily (do_sample=false, temperature=0)")
         until = kw.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
         n = int(kw.get("max_gen_toks", self.max_gen_toks))
         if self.limit is not None and n >= self.limit:
-            refuse("max_gen_toks", n, f"fewer than the {self.limit} positions the model reads")
+            require(False,
+                    "max_gen_toks", n, f"fewer than the {self.limit} positions the model reads")
         return until, n
 
     def _prompt(self, context: str, n: int) -> list[int]:
@@ -297,7 +298,8 @@ def lm_class() -> type:
             super().__init__()
             if model is None:
                 if not ckpt:
-                    refuse("ckpt", ckpt, "required (--model_args ckpt=<run or checkpoint dir>)")
+                    require(False,
+                            "ckpt", ckpt, "required (--model_args ckpt=<run or checkpoint dir>)")
                 if str(device or "cpu") not in ("cpu", "None"):  # lm-eval's default: cuda:0
                     import sys
 
