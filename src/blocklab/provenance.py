@@ -23,7 +23,7 @@ from typing import Any
 #: lists them as an experimental axis. Entries ending in "." are prefixes.
 BOOKKEEPING: tuple[str, ...] = (
     "run_dir", "resume", "out_root", "allow_data_change", "objective",
-    "logger.", "probes.", "checkpoint_probes.",
+    "logger.", "probes.", "checkpoint_probes.", "monitors.",
     "trainer.max_steps", "trainer.progress_bar", "trainer.quiet", "trainer.log_every_steps",
     "trainer.val_every_steps", "trainer.ckpt_every_steps", "trainer.keep_checkpoints",
     "trainer.keep_best", "trainer.best_monitor",

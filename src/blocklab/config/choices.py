@@ -22,6 +22,7 @@ STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook", "fsdp", "m
 WANDB_MODES = ("offline", "online", "disabled")
 PROFILERS = ("simple", "advanced", "pytorch")  # Lightning's profilers by name
 GRAD_NORMS = ("none", "global", "layer")  # trainer.log_grad_norm
+WEIGHT_DECAY_MODES = ("coupled", "independent")  # optim.weight_decay_mode
 #: The metrics of a step's logged row a run can watch (early stopping, the best checkpoint),
 #: and which way is better for each (train/metrics.py writes them).
 ROW_METRICS = ("val/loss", "val/accuracy", "train/loss", "train/grad_norm")

@@ -36,7 +36,8 @@ ADDED: dict[str, Any] = {"sinks": 0, "learned_sink": False, "attention_chunk": N
                          "n_features": 64, "orthogonal": True, "redraw_every": 0,
                          "feature_seed": 0,
                          "mem_len": 0, "eval_mem_len": None, "compress_ratio": 0,
-                         "compress_len": None, "compress_kind": "conv", "compress_loss": 1.0}
+                         "compress_len": None, "compress_kind": "conv", "compress_loss": 1.0,
+                         "qk_norm": None, "qk_norm_scope": "head", "softcap": None}
 
 #: data keys and task weights added since the hashes were recorded: left out at their defaults
 DATA_ADDED: dict[str, Any] = {"user_tasks": {}, "listops_gap": 0, "segment_mode": "none",
@@ -45,7 +46,10 @@ DATA_ADDED: dict[str, Any] = {"user_tasks": {}, "listops_gap": 0, "segment_mode"
                                "haystack": "shakespeare"}
 #: trainer and (top-level) model keys added since, likewise (issue 45: memory across segments)
 TRAINER_ADDED: dict[str, Any] = {"bptt": 1}
-MODEL_ADDED: dict[str, Any] = {"memory_tokens": 0}
+MODEL_ADDED: dict[str, Any] = {"memory_tokens": 0, "init": None, "embed_init_std": None,
+                               "logit_softcap": None}
+#: optimizer keys added since (issue 47: training stability)
+OPTIM_ADDED: dict[str, Any] = {"weight_decay_mode": "coupled", "z_loss": 0.0}
 TASKS_ADDED: dict[str, Any] = {"listops": 0.0}
 
 
@@ -161,6 +165,10 @@ def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(tasks, dict):  # task weights added since, at 0
             data["tasks"] = {k: v for k, v in tasks.items() if TASKS_ADDED.get(k, ...) != v}
         config = {**config, "data": data}
+    optim = config.get("optim")
+    if isinstance(optim, dict):
+        config = {**config, "optim": {k: v for k, v in optim.items()
+                                      if OPTIM_ADDED.get(k, ...) != v}}
     trainer = config.get("trainer")
     if isinstance(trainer, dict):
         config = {**config, "trainer": {k: v for k, v in trainer.items()

@@ -198,6 +198,12 @@ class ModelConfig:
     dropout: float = 0.0  # embedding and residual dropout
     tie_embeddings: bool = True
     init_std: float = 0.02
+    # init scheme (model/init.py INITS: gpt2 | normal | fan_in | deepnorm, or a registered
+    # one); null = the block's own (DeepNorm's for block=deepnorm, GPT-2's otherwise)
+    init: str | None = None
+    embed_init_std: float | None = None  # token (and type) embeddings' std; null = init_std
+    # final-logit softcap c: logits <- c * tanh(logits / c) (Gemma 2: 30); null = none
+    logit_softcap: float | None = None
     # norm (model.norm's kind) on each stack's input: token (+ type + absolute position)
     # embeddings, before the first block (BERT's embedding LayerNorm)
     embed_norm: bool = False

@@ -26,6 +26,7 @@ from blocklab.config.choices import (  # noqa: F401 (re-exported)
     TEXT_HAYSTACKS,
     UTF8_ERRORS,
     WANDB_MODES,
+    WEIGHT_DECAY_MODES,
 )
 from blocklab.config.facts import (  # noqa: F401 (re-exported: old imports keep working)
     COUNTING_CANDIDATES,
@@ -68,6 +69,7 @@ from blocklab.config.model_schema import (  # noqa: F401
     RopeScaling,
     resolve_kv_heads,
 )
+from blocklab.config.monitor_schema import MonitorConfig  # re-exported, used below
 from blocklab.config.probe_schema import (  # noqa: F401 (re-exported)
     AggregationProbeConfig,
     BabilongProbeConfig,
@@ -220,6 +222,10 @@ class OptimConfig:
     weight_decay: float = 0.1
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # adamw, lion
     eps: float = 1e-8  # adamw
+    # coupled: AdamW's lr * weight_decay per step; independent: weight_decay * lr / optim.lr
+    # (the schedule's shape, not the rate: Wortsman et al. 2023's "independent" decay)
+    weight_decay_mode: str = "coupled"
+    z_loss: float = 0.0  # weight of the mean log²Z of the output logits over targets (PaLM: 1e-4)
     grad_clip: float = 1.0  # 0 = off
     momentum: float = 0.9  # sgd
     nesterov: bool = False  # sgd
@@ -306,6 +312,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     probes: ProbeSpec = field(default_factory=ProbeSpec)  # at the end of training
     checkpoint_probes: ProbeSpec = field(default_factory=ProbeSpec)  # at every checkpoint save
+    monitors: MonitorConfig = field(default_factory=MonitorConfig)  # stability monitors
     experiment_name: str = "default"
     seed: int = 0
     out_root: str = "outputs"

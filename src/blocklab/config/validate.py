@@ -22,10 +22,12 @@ from blocklab.config.schema import (
     ROW_METRICS,
     STRATEGIES,
     UTF8_ERRORS,
+    WEIGHT_DECAY_MODES,
     DataName,
     EvalConfig,
     GenerateConfig,
     LoggerConfig,
+    MonitorConfig,
     OptimConfig,
     ProbeSpec,
     ScheduleConfig,
@@ -61,6 +63,9 @@ def validate_optim(o: OptimConfig, key: str = "optim") -> OptimConfig:
     _check(_finite(o.eps) and o.eps > 0, f"{key}.eps", o.eps, "must be > 0")
     _check(_finite(o.weight_decay) and o.weight_decay >= 0, f"{key}.weight_decay",
            o.weight_decay, "must be >= 0")
+    _one_of(f"{key}.weight_decay_mode", o.weight_decay_mode, WEIGHT_DECAY_MODES)
+    _check(_finite(o.z_loss) and o.z_loss >= 0, f"{key}.z_loss", o.z_loss,
+           "must be >= 0 (0 = off; PaLM and OLMo use 1e-4)")
     _check(_finite(o.grad_clip) and o.grad_clip >= 0, f"{key}.grad_clip", o.grad_clip,
            "must be >= 0 (0 = off)")
     _check(_finite(o.momentum) and 0 <= o.momentum < 1, f"{key}.momentum", o.momentum,
@@ -247,10 +252,22 @@ def validate_train(tc: TrainConfig) -> TrainConfig:
     validate_segment_run(tc)
     validate_logger(tc.logger)
     validate_callbacks(tc.callbacks)
+    validate_monitors(tc.monitors)
     best_rule(tc)
     for key in ("probes", "checkpoint_probes"):  # each as it runs for this tokenizer
         setattr(tc, key, validate_run_probe_spec(getattr(tc, key), tc, key))
     return tc
+
+
+def validate_monitors(mc: MonitorConfig, key: str = "monitors") -> MonitorConfig:
+    """The stability monitors' cadence and ranges (train/monitors.py)."""
+    _check(mc.every >= 0, f"{key}.every", mc.every, "must be >= 0 (0 = off)")
+    _check(mc.batch_size >= 1, f"{key}.batch_size", mc.batch_size, "must be >= 1")
+    for f in dataclasses.fields(mc):
+        value = getattr(mc, f.name)
+        if isinstance(value, float):
+            _check(_finite(value) and value > 0, f"{key}.{f.name}", value, "must be > 0")
+    return mc
 
 
 def validate_run_probe_spec(spec: ProbeSpec, tc: TrainConfig, key: str = "probes") -> ProbeSpec:

@@ -75,6 +75,10 @@ def _validate_values(m: ModelConfig, key: str) -> None:
         raise _fail(f"{key}.type_vocab_size", m.type_vocab_size, "must be >= 0 (0 = none)")
     if not (_finite(m.head_scale) and m.head_scale > 0):
         raise _fail(f"{key}.head_scale", m.head_scale, "must be a finite number > 0")
+    for name in ("logit_softcap", "embed_init_std"):
+        value = getattr(m, name)
+        _check(value is None or (_finite(value) and value > 0), f"{key}.{name}", value,
+               "must be null or a finite number > 0")
     if m.family.n_encoder_layers is not None and m.family.n_encoder_layers < 1:
         raise _fail(f"{key}.family.n_encoder_layers", m.family.n_encoder_layers, "must be >= 1")
 
