@@ -30,7 +30,7 @@ def registered():
 def test_blocklabs_experiments_in_listing_order():
     assert registry.builtin_names("experiment") == [
         "mqar", "extrapolation", "receptive_field", "shakespeare_char", "recall_state", "listops",
-        "chunked", "sinks", "xl_memory", "memory_recall", "long_context"]
+        "chunked", "sinks", "xl_memory", "memory_recall", "long_context", "stability"]
     for name in registry.builtin_names("experiment"):
         assert experiment(name, "quick").name == name
 

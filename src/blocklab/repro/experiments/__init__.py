@@ -31,6 +31,7 @@ from blocklab.repro.experiments import (
     receptive_field,
     shakespeare_char,
     sinks,
+    stability,
     xl_memory,
 )
 from blocklab.repro.protocol import Experiment
@@ -63,4 +64,5 @@ EXPERIMENTS: dict[str, Callable[[str], Experiment]] = {
     "xl_memory": xl_memory.make,
     "memory_recall": memory_recall.make,
     "long_context": long_context.make,
+    "stability": stability.make,
 }
