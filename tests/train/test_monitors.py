@@ -147,9 +147,11 @@ def test_ranges_and_the_first_monitor_out_of_range():
                                                                 "residual_rms/decoder.0"]
     for step, loss in [(1, 5.0), (2, 4.0), (3, 4.9), (4, 5.2)]:
         cb._loss(step, loss)
-    assert cb.diverged == {"step": 4, "loss": 5.2, "running_min": 4.0}
+    assert cb.diverged == {"step": 4, "loss": 5.2, "running_min": 4.0,
+                           "why": "more than 1 nats over the running minimum"}
     line = describe(cb.report())
-    assert line.startswith("diverged at step 4 (loss 5.2, running min 4); first monitor out "
+    assert line.startswith("diverged at step 4 (loss 5.2, running min 4; more than 1 nats over "
+                           "the running minimum); first monitor out "
                            "of range: logz_mean at step 2 (|-6| > limit 5)"), line
 
 

@@ -117,7 +117,9 @@ def describe(report: dict[str, Any] | None) -> str:
     if div:
         low = div.get("running_min")
         low = "-" if low is None else f"{float(low):.4g}"
-        line = f"diverged at step {div['step']} (loss {float(div['loss']):.4g}, running min {low})"
+        why = f"; {div['why']}" if div.get("why") else ""
+        line = (f"diverged at step {div['step']} (loss {float(div['loss']):.4g}, running min "
+                f"{low}{why})")
         return line + ("; first monitor out of range: " + _reading(first) if first
                        else "; no monitor left its range before it")
     line = f"no divergence (loss within {report.get('diverged_above', 1.0):g} nats of its " \

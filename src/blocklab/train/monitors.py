@@ -183,15 +183,16 @@ class Monitors(L.Callback):
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation
         step, skipped = trainer.global_step, getattr(pl_module, "skipped_steps", 0)
-        if skipped > self._skipped or step == self._seen_step:  # a non-finite step, skipped
-            self._skipped = skipped
-            self._diverge(step + 1 if step == self._seen_step else step, math.nan)
-            if step == self._seen_step:
-                return
+        nonfinite, self._skipped = skipped > self._skipped, skipped
+        if step == self._seen_step:  # a non-finite loss: no optimizer step was taken
+            self._diverge(step + 1, math.nan, "non-finite loss")
+            return
         self._seen_step = step
         loss = getattr(pl_module, "_step_loss", None)
         if loss is not None:
             self._loss(step, float(loss))
+        if nonfinite:  # a non-finite gradient: the step changed nothing
+            self._diverge(step, math.nan if loss is None else float(loss), "non-finite gradient")
         row = pl_module.last_row if pl_module.last_row_step == step else {}
         readings: dict[str, float] = {}
         if step % self.cfg.every == 0:
@@ -212,7 +213,8 @@ class Monitors(L.Callback):
         from blocklab.train.module import NonFiniteError
 
         if isinstance(exception, NonFiniteError):
-            self._diverge(trainer.global_step + 1, math.nan)
+            self._diverge(trainer.global_step + 1, math.nan, str(exception).split(" at ")[0]
+                          .removeprefix("numerical error: "))
         self.write(trainer, failed=True)
 
     def state_dict(self) -> dict[str, Any]:
@@ -299,15 +301,18 @@ class Monitors(L.Callback):
 
     def _loss(self, step: int, loss: float) -> None:
         self.losses.append([step, loss])
-        if not math.isfinite(loss) or (self.running_min is not None and
-                                       loss > self.running_min + self.cfg.diverged_above):
-            self._diverge(step, loss)
+        if not math.isfinite(loss):
+            self._diverge(step, loss, "non-finite loss")
+        elif self.running_min is not None and loss > self.running_min + self.cfg.diverged_above:
+            self._diverge(step, loss, f"more than {self.cfg.diverged_above:g} nats over the "
+                          "running minimum")
         if math.isfinite(loss):
             self.running_min = loss if self.running_min is None else min(self.running_min, loss)
 
-    def _diverge(self, step: int, loss: float) -> None:
+    def _diverge(self, step: int, loss: float, why: str) -> None:
         if self.diverged is None:
-            self.diverged = {"step": step, "loss": loss, "running_min": self.running_min}
+            self.diverged = {"step": step, "loss": loss, "running_min": self.running_min,
+                             "why": why}
 
     # ---------------------------------------------------------------------------- output
     def report(self) -> dict[str, Any]:
