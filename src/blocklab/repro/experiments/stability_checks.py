@@ -53,6 +53,7 @@ class Grid(ck.Check):
 
     group: str = ""
     lrs: tuple[float, ...] = ()
+    other: str = ""
     other_group: str = ""
 
     def values(self, results: ck.Results, metric: str, group: str = "") -> list[list[float]]:
@@ -157,23 +158,23 @@ class BoundedCheck(Grid):
                 all(x[-1] * self.factor <= y[-1] for x, y in zip(a, b, strict=True)))
 
 
-def LogitGrowth(group, lrs, factor):  # noqa: N802 -- the checks' spelling
+def LogitGrowth(group, lrs, factor):
     return _grid(LogitGrowthCheck, group, lrs, LOGIT, factor=factor)
 
 
-def Degrades(group, lrs, margin):  # noqa: N802
+def Degrades(group, lrs, margin):
     return _grid(DegradesCheck, group, lrs, LOSS, margin=margin)
 
 
-def Sensitivity(group, lrs, *, other, ratio, slack):  # noqa: N802
+def Sensitivity(group, lrs, *, other, ratio, slack):
     return _grid(SensitivityCheck, group, lrs, LOSS, other, ratio=ratio, slack=slack)
 
 
-def Reported(group, lrs, *, other):  # noqa: N802
+def Reported(group, lrs, *, other):
     return _grid(ReportedCheck, group, lrs, LOSS, other)
 
 
-def Bounded(group, lrs, *, other, factor):  # noqa: N802
+def Bounded(group, lrs, *, other, factor):
     return _grid(BoundedCheck, group, lrs, LOGIT, other, factor=factor)
 
 
@@ -204,12 +205,12 @@ class ClosesCheck(ck.Check):
         return "; ".join(rows), ok
 
 
-def Gap(arm: str, other: str, margin: float) -> ck.Check:  # noqa: N802
+def Gap(arm: str, other: str, margin: float) -> ck.Check:
     """``arm``'s loss >= ``other``'s + ``margin`` on every seed."""
     return ck.LowerBy(other, LOSS, other=arm, margin=margin)
 
 
-def Closes(arm: str, other: str, fixes: tuple[str, ...], share: float) -> ck.Check:  # noqa: N802
+def Closes(arm: str, other: str, fixes: tuple[str, ...], share: float) -> ck.Check:
     return ClosesCheck(arm, LOSS, other=other, fixes=fixes, share=share)
 
 
