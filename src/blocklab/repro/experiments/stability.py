@@ -190,7 +190,8 @@ def make(size: str) -> Experiment:
             "baseline's logit growth and QK-norm's logit at the top rate below the baseline's / "
             f"{GROWTH:g}. Differences from the paper: {STEPS['full']} steps of 768 characters "
             "(the paper: 1e5 steps of 256 x 512 tokens), one 0.8 M-parameter width instead "
-            "of a sweep of widths, character ids (92) instead of a 32k vocabulary, fp32, a narrower grid."),
+            "of a sweep of widths, character ids (92) instead of a 32k vocabulary, fp32, a "
+            "narrower grid."),
         sizes={s: _protocol(s) for s in ("quick", "full")},
         measure=_measure_for(size),
         breaks={"qk-norm-off": ("the QK-norm arms train the baseline (no QK-norm)",
