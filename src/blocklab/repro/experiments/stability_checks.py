@@ -71,8 +71,9 @@ class Grid(ck.Check):
 
 
 def _grid(cls, group: str, lrs: tuple[float, ...], metric: str, other: str = "", **kw):
-    extra = {"other": arm_name(other, lrs[0]), "other_group": other} if other else {}
-    return cls(arm=arm_name(group, lrs[0]), metric=metric, group=group, lrs=lrs, **extra, **kw)
+    # ``other``: the run the runner also needs measured (the arm's own when it compares none)
+    return cls(arm=arm_name(group, lrs[0]), metric=metric, group=group, lrs=lrs,
+               other=arm_name(other or group, lrs[0]), other_group=other, **kw)
 
 
 @dataclass(frozen=True)
