@@ -25,11 +25,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from blocklab.model import masks
+
 
 def softcap(x: Tensor, cap: float | None) -> Tensor:
     """``cap · tanh(x / cap)`` (``cap`` None: ``x``): smooth, odd, bounded by ``cap``, the
     identity up to ``x³ / (3 cap²)`` for ``|x| << cap``."""
     return x if cap is None else torch.tanh(x / cap) * cap
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, visibility: masks.Visibility, *,
+           scale: float | None = None, dropout: float = 0.0, enable_gqa: bool = False,
+           cap: float | None = None, sink: Tensor | None = None,
+           stats: list | None = None) -> Tensor:
+    """Attention of ``q`` (B, H, Tq, D) over ``k``, ``v`` (B, Hkv, Tk, D) under
+    ``visibility``: SDPA, or :func:`explicit_attention` with a softcap ``cap`` or a ``stats``
+    list (the same result). A sink logit per head ``sink`` (H,) is one more key of value zero
+    (:func:`~blocklab.model.masks.with_sink` for SDPA)."""
+    if stats is not None or cap is not None:
+        return explicit_attention(q, k, v, mask=visibility.allowed, causal=visibility.causal,
+                                  scale=scale, dropout=dropout, enable_gqa=enable_gqa,
+                                  cap=cap, sink=sink, stats=stats)
+    if sink is not None:
+        visibility = masks.with_sink(visibility, sink, q.shape[2], k.shape[2])
+        k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, enable_gqa=enable_gqa,
+                                          scale=scale, **visibility.sdpa_kwargs())
 
 
 def allowed_pairs(mask: Tensor | None, causal: bool, tq: int, tk: int,
@@ -66,12 +87,15 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None =
         s = s + mask.float()  # an additive bias (ALiBi, T5) and -inf for forbidden pairs
     elif ok is not None:
         s = s.masked_fill(~ok, float("-inf"))
+    sees = None if ok is None else ok.any(-1, keepdim=True)  # (B|1, H|1, Tq, 1)
+    empty = sees is not None and sink is None  # rows may see nothing: SDPA gives them zeros
+    if empty:  # finite scores there, so that neither the softmax nor its gradient is NaN
+        s = s.masked_fill(~sees, 0.0)
     if sink is not None:
         s = torch.cat((s, sink.float().view(1, h, 1, 1).expand(*s.shape[:3], 1)), -1)
     p = torch.softmax(s, -1)
-    sees = None if ok is None else ok.any(-1, keepdim=True)  # (B|1, H|1, Tq, 1)
-    if sees is not None and sink is None:
-        p = torch.where(sees, p, 0.0)  # SDPA: a row that sees no key gives zeros
+    if empty:
+        p = torch.where(sees, p, 0.0)
     if stats is not None:
         stats.append(_readings(raw, p, ok, sees))
     if sink is not None:
