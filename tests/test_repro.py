@@ -367,14 +367,14 @@ def test_cli_usage_errors_and_list(tmp_path, monkeypatch, capsys) -> None:
 # experiment -> models its quick protocol trains; receptive_field measures the runs mqar trained
 QUICK_GROUPS = [{"mqar": 2, "receptive_field": 0}, {"extrapolation": 3}, {"recall_state": 3},
                 {"chunked": 3}, {"sinks": 1}, {"listops": 3}, {"xl_memory": 2},
-                {"memory_recall": 3}, {"long_context": 3}]
+                {"memory_recall": 3}, {"long_context": 3}, {"stability": 6}]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("group", QUICK_GROUPS,
                          ids=["mqar+receptive_field", "extrapolation", "recall_state", "chunked",
                               "sinks", "listops", "xl_memory", "memory_recall",
-                              "long_context"])
+                              "long_context", "stability"])
 def test_quick_protocols_pass_and_their_breaks_fail(tmp_path, group) -> None:
     """The CI subset of every reference experiment meets its expected result, and every
     deliberate defect makes the same check fail, reusing the trained runs. In order within a

@@ -1,8 +1,8 @@
 """blocklab-repro stability (issue 47, item 3): the small-scale proxies of Wortsman et al. 2023
 (arXiv 2309.14322). The arms are the paper's recipe field by field on the Shakespeare
 characters, the learning-rate sensitivity is the paper's definition, the measured attention
-logit and log Z agree with a direct computation, each check fails where it should, and the
-quick protocol passes while its break fails."""
+logit and log Z agree with a direct computation, and each check fails where it should. The
+quick protocol and its break: tests/test_repro.py (QUICK_GROUPS)."""
 
 from __future__ import annotations
 
@@ -139,10 +139,10 @@ def test_the_breaks_make_arms_equal():
         for lr in st.GRID[size]:
             assert (run_key(broken[sc.arm_name("qk-norm", lr)], 0)
                     == run_key(broken[sc.arm_name("baseline", lr)], 0))
-        deep = {a.name: a for a in exp.breaks["deepnorm-as-post"][1](arms)}
-        if size == "quick":  # no depth arms: nothing to break
-            assert tuple(deep.values()) == arms
+        if size == "quick":  # no depth arms: no depth break
+            assert set(exp.breaks) == {"qk-norm-off"}
             continue
+        deep = {a.name: a for a in exp.breaks["deepnorm-as-post"][1](arms)}
         donor = run_key(deep[st.depth_name("post-norm no warmup")], 0)
         assert run_key(deep[st.depth_name("deepnorm")], 0) == donor
         assert run_key(deep[st.depth_name("post-norm warmup")], 0) == donor
@@ -219,25 +219,3 @@ def test_the_initial_model_is_the_seeded_build():
     c = st.initial_model(SimpleNamespace(seed=1, model=m))
     wa, wb, wc = (next(x.parameters()) for x in (a, b, c))
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
-
-
-@pytest.mark.slow
-def test_quick_protocol_passes_and_the_break_fails(tmp_path, monkeypatch):
-    """The CI size on the installed plays: the baseline's attention logit grows with the rate
-    and QK-norm's stays bounded; with the QK-norm arms trained as the baseline (no new run) the
-    bound fails; the figure is written."""
-    from blocklab.repro.runner import run, write
-
-    monkeypatch.setenv("BLOCKLAB_DATA_CACHE", str(tmp_path / "cache"))
-    exp = ex.experiment("stability", "quick")
-    good = run(exp, size="quick", seeds=None, root=tmp_path, log=lambda s: None)
-    assert good.passed, "; ".join(f"{r['expected']}: {r['observed']}" for r in good.rows
-                                  if not r["passed"])
-    assert good.trained == len(exp.sizes["quick"].arms)
-    write(exp, good, tmp_path / "out")
-    assert (tmp_path / "out" / "stability.png").stat().st_size > 10_000
-    bad = run(exp, size="quick", seeds=None, root=tmp_path, broken="qk-norm-off",
-              log=lambda s: None)
-    assert bad.trained == 0 and not bad.passed
-    assert [r["expected"] for r in bad.rows if not r["passed"]] == [
-        r["expected"] for r in bad.rows if "qk-norm" in r["expected"]]

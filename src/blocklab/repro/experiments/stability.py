@@ -196,8 +196,8 @@ def make(size: str) -> Experiment:
         measure=_measure_for(size),
         breaks={"qk-norm-off": ("the QK-norm arms train the baseline (no QK-norm)",
                                 lambda arms: _no_knob(arms, "qk-norm")),
-                "deepnorm-as-post": ("the DeepNorm and post-norm-with-warmup arms train "
-                                     "post-norm without warmup",
-                                     lambda arms: sc.depth_break(arms))},
+                **({"deepnorm-as-post": ("the DeepNorm and post-norm-with-warmup arms train "
+                                         "post-norm without warmup", sc.depth_break)}
+                   if size == "full" else {})},  # quick has no depth arms
         figure=lambda exp, outcome, out: sc.figure(outcome, out),
     )
