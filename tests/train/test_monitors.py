@@ -253,7 +253,8 @@ def test_every_logger_gets_the_rows_and_the_figures_are_written(tmp_path, monkey
     data = wandb_file.read_bytes()
     for k in keys:
         assert k.encode() in data, k
-    for png in ("attn_logit_max", "attn_entropy_min", "logz", "residual_rms", "residual_max", "update_ratio", "grad_norm"):
+    for png in ("attn_logit_max", "attn_entropy_min", "logz", "residual_rms", "residual_max",
+                "update_ratio", "grad_norm"):
         assert (d / "monitors" / f"{png}.png").stat().st_size > 1000, png
     series = json.loads((d / "monitors" / "monitors.json").read_text())["series"]
     assert [p[0] for p in series["monitor/logz_mean"]] == [5, 10, 15, 20]
