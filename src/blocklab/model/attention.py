@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
-from blocklab.model import bands, masks, random_blocks, seqops
+from blocklab.model import bands, masks, random_blocks, scores, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.kv import CrossKV, FixedKVState, KVState, RingState, ring_slots, sink_slots
 from blocklab.model.memory import MemoryState, attend_with_memory, carry_state
@@ -67,14 +67,22 @@ def _sdpa(layer: nn.Module, q: Tensor, k: Tensor, v: Tensor,
     """Scaled dot-product attention of ``layer`` (its dropout, score scale and head layout)
     over ``visibility``: (B, H, Tq, D). A layer with a learned sink logit (``sink``, per
     head) attends over one more key, of value zero, whose score is that logit: it takes
-    attention mass and adds nothing (gpt-oss)."""
+    attention mass and adds nothing (gpt-oss). A layer with a softcap, or whose ``stats`` is
+    a list (the monitor's hook), computes it explicitly (scores.py), the same result."""
     sink = getattr(layer, "sink", None)
+    dropout = layer.dropout if layer.training else 0.0
+    gqa = layer.n_kv_heads != layer.n_heads
+    stats, cap = getattr(layer, "stats", None), getattr(layer, "softcap", None)
+    if stats is not None or cap is not None:
+        return scores.explicit_attention(
+            q, k, v, mask=visibility.allowed, causal=visibility.causal, scale=layer.scale,
+            dropout=dropout, enable_gqa=gqa, cap=cap,
+            sink=None if sink is None else sink.to(q.dtype), stats=stats)
     if sink is not None:
         visibility = masks.with_sink(visibility, sink.to(q.dtype), q.shape[2], k.shape[2])
         k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
     return F.scaled_dot_product_attention(
-        q, k, v, dropout_p=layer.dropout if layer.training else 0.0,
-        enable_gqa=layer.n_kv_heads != layer.n_heads, scale=layer.scale,
+        q, k, v, dropout_p=dropout, enable_gqa=gqa, scale=layer.scale,
         **visibility.sdpa_kwargs(),
     )  # (B, H, Tq, D)
 
@@ -118,6 +126,8 @@ class SoftmaxAttention(Mixer):
     residual_outputs = ("out",)
     options = SoftmaxOptions
     cross_options = ("scale", "dropout")  # what cross-attention reads (it is softmax too)
+    #: the monitor's hook: a list makes every attention call append its readings (scores.py)
+    stats: list | None = None
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
@@ -360,6 +370,7 @@ class CrossAttention(nn.Module):
     is softmax attention in every model; it is not a sequence mixer."""
 
     residual_outputs = ("out",)
+    stats: list | None = None  # the monitor's hook, as SoftmaxAttention's
 
     def __init__(self, cfg: AttentionConfig, opts: SoftmaxOptions, *, d_model: int,
                  n_heads: int, n_kv_heads: int, d_head: int) -> None:
