@@ -323,6 +323,7 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], resumed: ckpt
     from blocklab.train.callbacks import lightning_options, profiler, user_callbacks
     from blocklab.train.checkpoint_io import BlocklabCheckpointIO
     from blocklab.train.metrics import DurableMetrics, StepRow
+    from blocklab.train.monitors import monitor_callbacks
     from blocklab.train.preemption import Preemption
 
     t = tc.trainer
@@ -344,12 +345,13 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], resumed: ckpt
         gradient_clip_val=tc.optim.grad_clip or None,
         limit_val_batches=0,  # validation runs in StepRow / DurableMetrics (train/metrics.py)
         log_every_n_steps=t.log_every_steps,
-        # StepRow first makes a step's row (early stopping reads it); DurableMetrics, after
-        # what may stop the run, validates its last step and writes the row before any
-        # checkpoint of that step.
+        # StepRow first makes a step's row (the monitors add theirs; early stopping reads it);
+        # DurableMetrics, after what may stop the run, validates its last step and writes the
+        # row before any checkpoint of that step.
         callbacks=[StepRow(log_every=t.log_every_steps, val_every=t.val_every_steps,
                            accumulate=t.accumulate, max_steps=t.max_steps),
-                   *user_callbacks(tc.callbacks), *lightning_options(t, run_dir),
+                   *monitor_callbacks(tc, run_dir), *user_callbacks(tc.callbacks),
+                   *lightning_options(t, run_dir),
                    DurableMetrics(max_steps=t.max_steps),
                    preemption, saver, *probe_callbacks(tc, meta, run_dir, all_ranks=sharded(t)),
                    *_progress(t.progress_bar)],
