@@ -239,3 +239,45 @@ def test_llama4_qk_norm_is_refused_by_name(tmp_path):
                                    rope_parameters=ROPE))
     c = {**json.loads(c.to_json_string(use_diff=True)), "architectures": ["Llama4ForCausalLM"]}
     _refused(tmp_path, c, "use_qk_norm=True", "weightless", "model.mixer.qk_norm")
+
+
+def test_gemma2_caps_absent_from_the_config_are_hf_defaults():
+    """A Gemma 2 config.json without the softcap keys means Gemma2Config's 50 and 30."""
+    from blocklab.convert.fields import Fields
+    from blocklab.convert.table import ARCHITECTURES
+
+    c = _cfg(_gemma2())
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        c.pop(key, None)
+    plain = ARCHITECTURES["gemma2"].config_in(Fields(c, "<test>"), {})
+    assert (plain["mixer"]["softcap"], plain["logit_softcap"]) == (50.0, 30.0)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"mixer": {"softcap": 5.0}}, ("model.mixer.softcap=5.0",)),
+    ({"logit_softcap": 5.0}, ("model.logit_softcap=5.0",)),
+    ({"mixer": {"qk_norm": "layernorm"}}, ("model.mixer.qk_norm='layernorm'",)),
+    ({"mixer": {"qk_norm": "rmsnorm", "qk_norm_scope": "all"}, "block": {"name": "pre"}},
+     ("model.mixer.qk_norm",)),
+])
+def test_export_refuses_knobs_no_hf_architecture_carries(change, words):
+    """A Llama-layout model with a knob no Hugging Face architecture here has (an attention
+    cap without Gemma's layout, LayerNorm QK-norm, OLMo-2's scope without its norm order) is
+    refused by name, not written as a model that computes something else."""
+    from blocklab.config import model_config
+    from blocklab.convert.export import pick_arch
+    from blocklab.errors import ConfigError
+
+    base = {"family": {"name": "decoder"}, "norm": {"name": "rmsnorm", "eps": 1e-5},
+            "block": {"name": "pre"}, "position": {"name": "rope"},
+            "ffn": {"name": "swiglu", "bias": False}, "attention": {"name": "mha", "bias": False},
+            "mixer": {"name": "softmax"}, "vocab_size": VOCAB, "d_model": 32, "n_layers": 2,
+            "n_heads": 4, "d_ff": 48, "max_seq_len": 64, "dropout": 0.0}
+    assert pick_arch(model_config(base)).name == "llama"
+    plain = {**base, **change, "mixer": {**base["mixer"], **change.get("mixer", {})}}
+    with pytest.raises(ConfigError) as e:
+        pick_arch(model_config(plain))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("export refused"), msg
+    for w in words:
+        assert w in msg, msg
