@@ -55,6 +55,7 @@ AXES: dict[str, Axis] = {
     "attention": Axis("blocklab.model.head_layouts", "ATTENTIONS", "model.attention.name",
                       "model/attention"),
     "mixer": Axis("blocklab.model.mixers", "MIXERS", "model.mixer.name", "model/mixer"),
+    "init": Axis("blocklab.model.init", "INITS", "model.init"),
     "objective": Axis("blocklab.objectives", "OBJECTIVES", "model.family.name"),
     "corpus": Axis("blocklab.data.sources", "CORPORA", "data.corpus"),
     # synthetic tasks: blocklab's are weighted under data.tasks.<name>, a user's under

@@ -59,6 +59,10 @@ def validate_model(m: ModelConfig, key: str = "model") -> ModelConfig:
         if rule is not None:
             rule(m, key)
     _validate_values(m, key)
+    if m.init is not None:  # the scheme exists, and states its own rules (model/init.py)
+        rule = getattr(registry.lookup("init", m.init, f"{key}.init"), "check", None)
+        if rule is not None:
+            rule(m, key)
     family = registry.lookup("family", m.family.name, f"{key}.family.name")
     _validate_mixers(m, key, family)
     return m

@@ -157,6 +157,12 @@ class SoftmaxAttention(Mixer):
         finally:
             self.carrying = None
 
+    def value_rows(self) -> tuple[str, list[int]]:
+        """The fused input projection and its row parts, the values last (q, k, v): DeepNorm's
+        init gives the values gain β (model/init.py)."""
+        h, hkv, d = self.n_heads, self.n_kv_heads, self.d_head
+        return "qkv", [h * d, hkv * d, hkv * d]
+
     def _apply(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         """The pattern reads the drawn table: a buffer, so a move makes a new tensor."""
         out = super()._apply(*args, **kwargs)
@@ -364,6 +370,10 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(d_model, 2 * n_kv_heads * d_head, bias=cfg.bias)
 
     param_count = staticmethod(projection_params)
+
+    def value_rows(self) -> tuple[str, list[int]]:
+        """The key/value projection's row parts, the values last (model/init.py)."""
+        return "kv", [self.n_kv_heads * self.d_head] * 2
 
     def forward(self, x: Tensor, memory: Tensor, visibility: masks.Visibility,
                 state: CrossKV | None) -> Tensor:

@@ -62,10 +62,14 @@ class Block(nn.Module):
     final_norm: bool = True
     #: Norms per sublayer (sandwich norms both input and output).
     norms_per_sublayer: int = 1
+    #: The init scheme (model/init.py ``INITS``) a model of these blocks gets when
+    #: ``model.init`` is null.
+    default_init: str = "gpt2"
 
     def __init__(self, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> None:
         super().__init__()
         self.layer = layer
+        self.causal = causal  # which stack the block is in (with ``cross``): init asks
         self.attn = mixer_class(m, layer, causal)(m, layer, causal=causal)  # the sequence mixer
         self.cross = CrossAttention(m.attention, softmax_options(m),
                                      **attention_dims(m)) if cross else None
@@ -133,8 +137,61 @@ class Sandwich(Block):
         return x
 
 
+class Reordered(Block):
+    """``x ← x + N(F(x))`` per sublayer, then a final norm: the norm moved from the branch's
+    input to its output (OLMo 2, "2 OLMo 2 Furious", arXiv 2501.00656)."""
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        for f, norm in zip(self.sublayers(ctx), self.norms):
+            x = x + self.drop(norm(f(x)))
+        return x
+
+
+def deepnorm_constants(m: ModelConfig, *, cross: bool, causal: bool) -> tuple[float, float]:
+    """DeepNorm's ``(α, β)`` for a block of the stack ``(cross, causal)`` ("DeepNet: Scaling
+    Transformers to 1,000 Layers", arXiv 2203.00555, Table 1): one stack of N layers
+    (decoder- or encoder-only) α = (2N)^¼, β = (8N)^-¼; an encoder of N layers under a
+    decoder of M (the stack with cross-attention) α = 0.81 (N⁴M)^(1/16),
+    β = 0.87 (N⁴M)^(-1/16), the decoder α = (3M)^¼, β = (12M)^-¼. The depths come from the
+    family's stacks, never its name."""
+    stacks = lookup("family", m.family.name).stacks(m)
+    own = [n for n, c, k in stacks if c == cross and k == causal]
+    if not own:
+        raise ValueError(f"deepnorm_constants: family {m.family.name!r} has no stack with "
+                         f"cross={cross}, causal={causal} (its stacks: {stacks})")
+    decoders = [n for n, c, _ in stacks if c]  # a stack that attends to another one's output
+    if not decoders:
+        n = own[0]
+        return (2 * n) ** 0.25, (8 * n) ** -0.25
+    big_m, big_n = decoders[0], sum(n for n, c, _ in stacks if not c)
+    if cross:
+        return (3 * big_m) ** 0.25, (12 * big_m) ** -0.25
+    return 0.81 * (big_n ** 4 * big_m) ** (1 / 16), 0.87 * (big_n ** 4 * big_m) ** (-1 / 16)
+
+
+class DeepNorm(Block):
+    """``x ← N(α·x + F(x))`` per sublayer, no final norm: post-norm with the residual
+    up-weighted by α and the branches' weights initialised down by β (model/init.py
+    ``deepnorm``), both from the depth (:func:`deepnorm_constants`). "DeepNet: Scaling
+    Transformers to 1,000 Layers", arXiv 2203.00555."""
+
+    final_norm = False
+    default_init = "deepnorm"
+
+    def __init__(self, m: ModelConfig, layer: int, *, cross: bool, causal: bool) -> None:
+        super().__init__(m, layer, cross=cross, causal=causal)
+        self.alpha, self.beta = deepnorm_constants(m, cross=cross, causal=causal)
+
+    def forward(self, x: Tensor, ctx: Context) -> Tensor:
+        for f, norm in zip(self.sublayers(ctx), self.norms):
+            x = norm(self.alpha * x + self.drop(f(x)))
+        return x
+
+
 BLOCKS: dict[str, type[Block]] = {
     "pre": PreNorm,
     "post": PostNorm,
     "sandwich": Sandwich,
+    "reordered": Reordered,
+    "deepnorm": DeepNorm,
 }

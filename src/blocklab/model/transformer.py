@@ -18,8 +18,6 @@ attention window must then be odd).
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -29,9 +27,10 @@ from blocklab.model.blocks import Context, identity
 from blocklab.model.cache import DecodeCache
 from blocklab.model.carry import carry_positions
 from blocklab.model.heads import LMHead, MLMHead
+from blocklab.model.init import initialize
 from blocklab.model.mixer import Sequence
 from blocklab.model.position import positions_from_segments, positions_from_valid
-from blocklab.model.residual import residual_outputs
+from blocklab.model.residual import residual_outputs  # noqa: F401 (re-exported)
 from blocklab.model.rmt import MemoryTokens, rmt_forward
 from blocklab.registry import lookup
 
@@ -124,7 +123,7 @@ class Stack(nn.Module):
 
 
 class Model(nn.Module):
-    """The base of every family: token embedding, GPT-2 init, the KV cache factory."""
+    """The base of every family: token embedding, init (model/init.py), the KV cache factory."""
 
     #: Whether :func:`blocklab.model.generate.generate` can continue a prompt with this family.
     can_generate: bool = True
@@ -159,26 +158,11 @@ class Model(nn.Module):
         return x
 
     def init_weights(self) -> None:
-        """GPT-2 init: N(0, init_std) for weights, zero biases, unit norms, and residual output
-        projections scaled by 1/sqrt(2·layers) ("Language Models are Unsupervised Multitask
-        Learners", 2019) — the weights each component names in ``residual_outputs``, never
-        guessed from parameter names. A component that needs its own initialization defines
-        ``init_weights()``; it runs after this default."""
-        m = self.config
-        residual_std = m.init_std / math.sqrt(2 * m.n_layers)
-        residual = residual_outputs(self)
-        for name, p in self.named_parameters():
-            if p.dim() == 1 and "norm" in name and name.endswith("weight"):
-                nn.init.ones_(p)
-            elif p.dim() == 1:
-                nn.init.zeros_(p)
-            elif name in residual:
-                nn.init.normal_(p, std=residual_std)
-            else:
-                nn.init.normal_(p, std=m.init_std)
-        for module in self.modules():
-            if module is not self and callable(getattr(module, "init_weights", None)):
-                module.init_weights()
+        """The init scheme ``model.init`` names (model/init.py; null = the block's own, GPT-2's
+        for every block but DeepNorm): norms 1, biases 0, embeddings N(0, embed_init_std), the
+        scheme's weights; a component that needs its own initialization defines
+        ``init_weights()``, which runs after the scheme."""
+        initialize(self)
 
     @property
     def max_positions(self) -> int | None:
