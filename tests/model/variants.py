@@ -13,6 +13,9 @@ window shorter than the tests' sequences, in an all-local and in a mixed stack.
 Attention patterns (``PATTERNS``: sinks, a learned sink, chunks with no-rotary global layers)
 add one variant per pattern × family.
 
+Stability knobs (``STABILITY``: QK-norm of each kind × scope, attention softcaps, the
+final-logit softcap) add one variant per option set × family.
+
 Sequence mixers other than softmax (every registered one, the example plugin's included) add
 one variant per family that allows them × option set (``MIXER_OPTIONS``: each mixer's own
 options, rotating), with the position schemes that need no score-based layer rotating; hybrid
@@ -64,6 +67,17 @@ PATTERNS: list[dict[str, object]] = [
     {"window": 3, "global_token_id": 3},
 ]
 
+# stability knobs (docs/mixers.md "Stability knobs"), one variant per option set × family:
+# QK-norm of each norm kind × scope, attention softcaps small enough to bend the scores QK-norm
+# makes O(1) (one on a local stack: its blocked path; one beside a learned sink), and the
+# final-logit softcap (``logit_softcap``: model.logit_softcap, the rest model.mixer options)
+STABILITY: list[dict[str, object]] = [
+    {"qk_norm": "layernorm", "qk_norm_scope": "head", "softcap": 0.5},
+    {"qk_norm": "rmsnorm", "qk_norm_scope": "all", "logit_softcap": 0.3},
+    {"qk_norm": "rmsnorm", "qk_norm_scope": "head", "softcap": 1.0, "window": 3,
+     "logit_softcap": 2.0},
+    {"qk_norm": "layernorm", "qk_norm_scope": "all", "softcap": 0.7, "learned_sink": True},
+]
 
 # Each mixer's own options, one dict per grid variant (a mixer not listed: its defaults). The
 # sizes keep every recurrent state small and the chunked forms spanning several chunks.
@@ -214,7 +228,8 @@ def grid(*families: str) -> list[tuple[str, ModelConfig]]:
         out.append((_label(family, pos, attention, style, local),
                     tiny(family, pos, attention, style=style, window=local[0],
                          global_every=local[1])))
-    return out + pattern_variants(*families) + mixer_variants(*families)
+    return (out + pattern_variants(*families) + stability_variants(*families)
+            + mixer_variants(*families))
 
 
 def pattern_variants(*families: str) -> list[tuple[str, ModelConfig]]:
@@ -231,6 +246,23 @@ def pattern_variants(*families: str) -> list[tuple[str, ModelConfig]]:
         attention, style = heads[i % len(heads)], 3 * i + 2
         out.append((_label(family, pos, attention, style, mixer=f"pattern{k}"),
                     tiny(family, pos, attention, style=style, n_layers=2,
+                         mixer=MixerConfig(name="softmax", **options))))
+    return out
+
+
+def stability_variants(*families: str) -> list[tuple[str, ModelConfig]]:
+    """One variant per stability option set (``STABILITY``) × family; positions, head
+    layouts and styles rotating."""
+    out = []
+    heads = list(ATTENTIONS)
+    for i, (k, family) in enumerate(itertools.product(range(len(STABILITY)),
+                                                      families or names("family"))):
+        options = dict(STABILITY[k])
+        cap = options.pop("logit_softcap", None)
+        pos = POSITIONS[(3 * i + 4) % len(POSITIONS)]  # ALiBi beside both softcaps
+        attention, style = heads[(i + 1) % len(heads)], 5 * i + 3
+        out.append((_label(family, pos, attention, style, mixer=f"stability{k}"),
+                    tiny(family, pos, attention, style=style, logit_softcap=cap,
                          mixer=MixerConfig(name="softmax", **options))))
     return out
 

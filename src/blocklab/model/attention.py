@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.config import AttentionConfig, ModelConfig
-from blocklab.model import bands, masks, random_blocks, seqops
+from blocklab.model import bands, masks, qknorm, random_blocks, scores, seqops
 from blocklab.model.cache import check_no_grad
 from blocklab.model.kv import CrossKV, FixedKVState, KVState, RingState, ring_slots, sink_slots
 from blocklab.model.memory import MemoryState, attend_with_memory, carry_state
@@ -47,19 +47,15 @@ MIN_BLOCK = 32
 
 # ------------------------------------------------------------------------------------ mixers
 
-def _heads(x: Tensor, n: int) -> Tensor:
-    b, t, _ = x.shape
-    return x.view(b, t, n, -1).transpose(1, 2)  # (B, n, T, D)
-
-
 def _merge(o: Tensor) -> Tensor:
     b, _, t, _ = o.shape
     return o.transpose(1, 2).reshape(b, t, -1)  # (B, T, H*D)
 
 
-def attention_dims(m: ModelConfig) -> dict[str, int]:
+def attention_dims(m: ModelConfig) -> dict[str, object]:
+    """The head sizes and the QK-norm (qknorm.py) of softmax self- and cross-attention."""
     return {"d_model": m.d_model, "n_heads": m.n_heads, "n_kv_heads": m.kv_heads,
-            "d_head": m.head_dim}
+            "d_head": m.head_dim, "qk_norm": qknorm.spec(m, softmax_options(m))}
 
 
 def _sdpa(layer: nn.Module, q: Tensor, k: Tensor, v: Tensor,
@@ -67,25 +63,26 @@ def _sdpa(layer: nn.Module, q: Tensor, k: Tensor, v: Tensor,
     """Scaled dot-product attention of ``layer`` (its dropout, score scale and head layout)
     over ``visibility``: (B, H, Tq, D). A layer with a learned sink logit (``sink``, per
     head) attends over one more key, of value zero, whose score is that logit: it takes
-    attention mass and adds nothing (gpt-oss)."""
+    attention mass and adds nothing (gpt-oss). A layer with a softcap, or whose ``stats`` is
+    a list (the monitor's hook), computes it explicitly (scores.py), the same result."""
     sink = getattr(layer, "sink", None)
-    if sink is not None:
-        visibility = masks.with_sink(visibility, sink.to(q.dtype), q.shape[2], k.shape[2])
-        k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
-    return F.scaled_dot_product_attention(
-        q, k, v, dropout_p=layer.dropout if layer.training else 0.0,
-        enable_gqa=layer.n_kv_heads != layer.n_heads, scale=layer.scale,
-        **visibility.sdpa_kwargs(),
+    return scores.attend(
+        q, k, v, visibility, scale=layer.scale, dropout=layer.dropout if layer.training else 0.0,
+        enable_gqa=layer.n_kv_heads != layer.n_heads, cap=getattr(layer, "softcap", None),
+        sink=None if sink is None else sink.to(q.dtype), stats=getattr(layer, "stats", None),
     )  # (B, H, Tq, D)
 
 
 def _init_heads(layer: nn.Module, cfg: AttentionConfig, opts: SoftmaxOptions, *,
-                d_model: int, n_heads: int, n_kv_heads: int, d_head: int) -> None:
-    """What self- and cross-attention share: head sizes, dropout, score scale and the output
-    projection."""
+                d_model: int, n_heads: int, n_kv_heads: int, d_head: int,
+                qk_norm: qknorm.QKNorm | None = None) -> None:
+    """What self- and cross-attention share: head sizes, dropout, score scale, softcap,
+    QK-norm and the output projection."""
     layer.n_heads, layer.n_kv_heads, layer.d_head = n_heads, n_kv_heads, d_head
     layer.dropout = opts.dropout
     layer.scale = opts.scale  # None = 1/sqrt(d_head)
+    layer.softcap = opts.softcap  # None = no attention-logit softcap (scores.py)
+    qknorm.build(layer, qk_norm, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
     layer.out = nn.Linear(n_heads * d_head, d_model, bias=cfg.bias)
 
 
@@ -117,7 +114,10 @@ class SoftmaxAttention(Mixer):
     uses_rotary = True
     residual_outputs = ("out",)
     options = SoftmaxOptions
-    cross_options = ("scale", "dropout")  # what cross-attention reads (it is softmax too)
+    # what cross-attention reads (it is softmax too)
+    cross_options = ("scale", "dropout", "qk_norm", "qk_norm_scope", "softcap")
+    #: the monitor's hook: a list makes every attention call append its readings (scores.py)
+    stats: list | None = None
 
     def __init__(self, m: ModelConfig, layer: int, *, causal: bool) -> None:
         super().__init__(m, layer, causal=causal)
@@ -178,6 +178,7 @@ class SoftmaxAttention(Mixer):
         # split, not sliced: the backward of a split is one concatenation, of three slices a
         # zero-filled gradient per slice (about 2 % of a small model's CPU training step)
         qk, v = self.qkv(x).view(b, t, h + 2 * hkv, -1).split((h + hkv, hkv), dim=2)
+        qk = qknorm.fused(self, qk)  # QK-norm before rotary (off: qk itself)
         if seq.rotary is not None and self.rope:  # q and k rotated together, token-major
             qk = apply_rotary(qk, *seq.rotary)
         q, k = qk.split((h, hkv), dim=2)  # (B, T, heads, D) each
@@ -347,10 +348,11 @@ def _empty_ring(seq: Sequence, state: State) -> bool:
 
 
 def projection_params(cfg: AttentionConfig, *, d_model: int, n_heads: int, n_kv_heads: int,
-                      d_head: int) -> int:
-    """q, k+v and output projections (fused or not) and their biases."""
+                      d_head: int, qk_norm: qknorm.QKNorm | None = None) -> int:
+    """q, k+v and output projections (fused or not), their biases and the QK-norm's."""
     q, kv = n_heads * d_head, 2 * n_kv_heads * d_head
-    return d_model * q + d_model * kv + q * d_model + (q + kv + d_model if cfg.bias else 0)
+    norms = qknorm.params(qk_norm, n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head)
+    return d_model * q + d_model * kv + q * d_model + (q + kv + d_model if cfg.bias else 0) + norms
 
 
 class CrossAttention(nn.Module):
@@ -360,12 +362,14 @@ class CrossAttention(nn.Module):
     is softmax attention in every model; it is not a sequence mixer."""
 
     residual_outputs = ("out",)
+    stats: list | None = None  # the monitor's hook, as SoftmaxAttention's
 
     def __init__(self, cfg: AttentionConfig, opts: SoftmaxOptions, *, d_model: int,
-                 n_heads: int, n_kv_heads: int, d_head: int) -> None:
+                 n_heads: int, n_kv_heads: int, d_head: int,
+                 qk_norm: qknorm.QKNorm | None = None) -> None:
         super().__init__()
         _init_heads(self, cfg, opts, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
-                    d_head=d_head)
+                    d_head=d_head, qk_norm=qk_norm)
         self.q = nn.Linear(d_model, n_heads * d_head, bias=cfg.bias)
         self.kv = nn.Linear(d_model, 2 * n_kv_heads * d_head, bias=cfg.bias)
 
@@ -377,12 +381,13 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor, visibility: masks.Visibility,
                 state: CrossKV | None) -> Tensor:
-        q = _heads(self.q(x), self.n_heads)  # (B, H, Tq, D)
+        b, t, _ = x.shape
+        q = qknorm.queries(self, self.q(x).view(b, t, self.n_heads, -1)).transpose(1, 2)
         if state is not None and state.k is not None:
-            k, v = state.k, state.v
+            k, v = state.k, state.v  # (B, Hkv, S, D)
         else:
-            k, v = self.kv(memory).chunk(2, dim=-1)  # (B, S, Hkv*D) x2
-            k, v = _heads(k, self.n_kv_heads), _heads(v, self.n_kv_heads)  # (B, Hkv, S, D)
+            k, v = self.kv(memory).view(*memory.shape[:2], 2 * self.n_kv_heads, -1).chunk(2, 2)
+            k, v = qknorm.keys(self, k).transpose(1, 2), v.transpose(1, 2)
             if state is not None:
                 state.k, state.v = k, v
         return self.out(_merge(_sdpa(self, q, k, v, visibility)))

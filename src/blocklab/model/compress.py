@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blocklab.model import qknorm, scores
 from blocklab.model.masks import cross_visibility
 
 
@@ -108,11 +109,12 @@ def reconstruction_loss(layer: Any, q: Tensor, old: Tensor, old_ok: Tensor, c: T
 
     def attend(x: Tensor, ok: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
         kv = F.linear(x, w[h * dh:], None if bias is None else bias[h * dh:])
-        k, v = kv.view(*x.shape[:2], 2 * hkv, dh).transpose(1, 2).split((hkv, hkv), 1)
-        k, v = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1)
+        k, v = kv.view(*x.shape[:2], 2 * hkv, dh).split((hkv, hkv), 2)
+        k = qknorm.keys(layer, k, detach=True)  # the layer's keys (its norm not trained here)
         # only the valid slots (masks.py's key-validity rule); a query with none gets zeros
-        return F.scaled_dot_product_attention(q, k, v, **cross_visibility(ok).sdpa_kwargs(),
-                                              scale=layer.scale or dh ** -0.5)
+        return scores.attend(q, k.transpose(1, 2), v.transpose(1, 2), cross_visibility(ok),
+                             scale=layer.scale or dh ** -0.5, enable_gqa=hkv != h,
+                             cap=getattr(layer, "softcap", None))
 
     w, bias = layer.qkv.weight, layer.qkv.bias
     want = attend(old, old_ok, w.detach(), None if bias is None else bias.detach()).detach()

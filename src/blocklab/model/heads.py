@@ -1,5 +1,7 @@
 """Output heads: next-token LM head and BERT-style masked-LM head, tied to the input embedding
-or not ("Using the Output Embedding to Improve Language Models", arXiv 1608.05859)."""
+or not ("Using the Output Embedding to Improve Language Models", arXiv 1608.05859). Every head
+softcaps its logits when ``model.logit_softcap`` is set: ``c · tanh(logits / c)`` after the
+head scale and the projection (Gemma 2's ``final_logit_softcapping``)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
 from blocklab.model.estimate import params_of
+from blocklab.model.scores import softcap
 from blocklab.registry import lookup
 
 
@@ -20,11 +23,13 @@ class LMHead(nn.Module):
         if m.tie_embeddings:
             self.proj.weight = embedding.weight  # one Parameter, two names
         self.scale = m.head_scale  # T5 with a tied head: d_model^-0.5
+        self.softcap = m.logit_softcap  # None: the logits as they are
 
     def forward(self, h: Tensor) -> Tensor:
         if self.scale != 1.0:
             h = h * self.scale
-        return F.linear(h, self.proj.weight)  # (B, T, V); no bias (a module call per token)
+        # (B, T, V); no bias (a module call per token)
+        return softcap(F.linear(h, self.proj.weight), self.softcap)
 
     @staticmethod
     def param_count(m: ModelConfig) -> int:
@@ -47,7 +52,7 @@ class MLMHead(LMHead):
         h = self.norm(F.gelu(self.dense(h), approximate=self.approximate))
         if self.scale != 1.0:
             h = h * self.scale
-        return F.linear(h, self.proj.weight, self.bias)  # (B, T, V)
+        return softcap(F.linear(h, self.proj.weight, self.bias), self.softcap)  # (B, T, V)
 
     @staticmethod
     def param_count(m: ModelConfig) -> int:

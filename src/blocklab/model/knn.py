@@ -56,8 +56,10 @@ from torch import Tensor, nn
 
 from blocklab.config import ModelConfig
 from blocklab.config.checks import require
+from blocklab.model import qknorm
 from blocklab.model.attention import SoftmaxAttention
 from blocklab.model.mixer import Sequence, State
+from blocklab.model.scores import softcap
 from blocklab.model.softmax_options import SoftmaxOptions
 
 INDEXES = ("exact", "faiss")
@@ -150,16 +152,16 @@ class KNNState(State):
         self._assign("memory_next", (self.memory_next + real.sum(1)) % slots)
 
     def retrieve(self, q: Tensor, doc: Tensor, *, top_k: int, index: str,
-                 scale: float) -> tuple[Tensor, Tensor]:
+                 scale: float, cap: float | None = None) -> tuple[Tensor, Tensor]:
         """q (B, T, H, D) unrotated, doc (B, T) -> (retrieved (B, T, H, D), found (B, T)
-        bool: the query's document has an entry)."""
+        bool: the query's document has an entry); ``cap``: the scores' softcap."""
         b, t, h, d = q.shape
         hkv = self.memory_k.shape[1]
         qg = q.permute(0, 2, 1, 3).reshape(b, hkv, h // hkv, t, d)  # (B, Hkv, G, T, D)
         keep = same_document(self.memory_doc, self.memory_valid, doc)  # (B, T, M)
         search = search_faiss if index == "faiss" else search_exact
         idx, ok = search(qg, self.memory_k, keep, min(top_k, keep.shape[-1]))
-        r = attend(qg, self.memory_k, self.memory_v, idx, ok, scale)  # (B, Hkv, G, T, D)
+        r = attend(qg, self.memory_k, self.memory_v, idx, ok, scale, cap)  # (B, Hkv, G, T, D)
         return r.reshape(b, h, t, d).transpose(1, 2), keep.any(-1)
 
 
@@ -203,15 +205,16 @@ def search_faiss(q: Tensor, keys: Tensor, keep: Tensor, k: int) -> tuple[Tensor,
 
 
 def attend(q: Tensor, keys: Tensor, values: Tensor, idx: Tensor, ok: Tensor,
-           scale: float) -> Tensor:
+           scale: float, cap: float | None = None) -> Tensor:
     """Softmax attention of each query over its chosen slots ``idx`` (those ``ok``): (B, Hkv,
-    G, T, D); 0 where none is ``ok``."""
+    G, T, D); 0 where none is ``ok``. ``cap``: the softcap of the scores (scores.py; monotone,
+    so the top k are the same)."""
     b, hkv, g, t, k = idx.shape
     d = keys.shape[-1]
     at = idx.reshape(b, hkv, g * t * k, 1).expand(-1, -1, -1, d)
     kk = keys.to(q.dtype).gather(2, at).view(b, hkv, g, t, k, d)
     vv = values.to(q.dtype).gather(2, at).view(b, hkv, g, t, k, d)
-    scores = torch.einsum("bhgtd,bhgtkd->bhgtk", q, kk) * scale
+    scores = softcap(torch.einsum("bhgtd,bhgtkd->bhgtk", q, kk) * scale, cap)
     p = torch.softmax(torch.where(ok, scores, torch.finfo(scores.dtype).min), -1) * ok
     return torch.einsum("bhgtk,bhgtkd->bhgtd", p, vv)
 
@@ -294,9 +297,10 @@ class Memorizing(SoftmaxAttention):
         b, t, _ = x.shape
         h, hkv = self.n_heads, self.n_kv_heads
         q, k, v = qkv.view(b, t, h + 2 * hkv, -1).split((h, hkv, hkv), dim=2)  # unrotated
+        q, k = qknorm.queries(self, q), qknorm.keys(self, k)  # the local attention's QK-norm
         doc = seq.segments if seq.segments is not None else torch.zeros_like(seq.positions)
         retrieved, found = state.retrieve(q, doc, top_k=self.top_k, index=self.index,
-                                          scale=self.d_head ** -0.5)
+                                          scale=self.d_head ** -0.5, cap=self.softcap)
         state.append(k, v, doc, seq.real())  # after attending
         g = gate(self.gate).to(q.dtype)[:, None] * found[..., None, None]
         delta = g * (retrieved - local.view(b, t, h, -1))  # (B, T, H, D)

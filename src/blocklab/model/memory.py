@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from blocklab.model import compress
+from blocklab.model import compress, qknorm
 from blocklab.model.compress import Compressor
 from blocklab.model.kv import Ring
 from blocklab.model.mixer import State
@@ -137,6 +137,7 @@ def attend_with_memory(layer: object, x: Tensor, seq: Sequence, state: MemorySta
                 (state.c_segments, keys.segments), 1))
     n = c + m + t
     qk, v = layer.qkv(cat).view(b, n, h + 2 * hkv, -1).split((h + hkv, hkv), dim=2)
+    qk = qknorm.fused(layer, qk)  # QK-norm before rotary (qknorm.py)
     raw = qk[:, n - t:, :h]  # unrotated queries (the reconstruction loss's)
     if seq.rotary is not None and layer.rope:  # every key by its own position
         qk = apply_rotary(qk, *seq.position.rotary(keys.positions))

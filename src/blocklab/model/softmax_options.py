@@ -13,13 +13,16 @@ from blocklab.config.checks import finite, require
 
 #: the entries of ``model.mixer.layers``
 LAYER_KINDS = ("global", "local")
+#: ``model.mixer.qk_norm_scope``: one norm of width d_head (every head) or over all heads
+QK_NORM_SCOPES = ("head", "all")
 
 
 @dataclass
 class SoftmaxOptions:
     """The ``softmax`` mixer's options (``model.mixer.<option>``). Cross-attention of an
-    encoder–decoder is softmax attention too: it reads ``scale`` and ``dropout``, so these
-    options are in use whenever a model has cross-attention."""
+    encoder–decoder is softmax attention too: it reads ``scale``, ``dropout``, ``qk_norm``,
+    ``qk_norm_scope`` and ``softcap``, so these options are in use whenever a model has
+    cross-attention."""
 
     # sliding-window self-attention: keys per query, the query included (null = global; odd
     # in a bidirectional stack); cross-attention is never windowed
@@ -60,6 +63,11 @@ class SoftmaxOptions:
     compress_len: int | None = None
     compress_kind: str = "conv"
     compress_loss: float = 1.0
+    # stability (docs/mixers.md "Stability knobs"): a norm of the "norm" registry (model.norm's
+    # eps and bias) on q and k before rotary, per head (Qwen3) or over all heads (OLMo-2)
+    qk_norm: str | None = None
+    qk_norm_scope: str = "head"
+    softcap: float | None = None  # scores <- c·tanh(scores / c) before the mask (Gemma 2: 50)
 
 
 def softmax_options(m: ModelConfig) -> SoftmaxOptions:
@@ -69,6 +77,7 @@ def softmax_options(m: ModelConfig) -> SoftmaxOptions:
 def summary_rows(opts: SoftmaxOptions) -> list[tuple[str, str]]:
     """What the estimator's table shows for these options (``SoftmaxAttention.summary_rows``)."""
     rows = [("attention sink", "learned logit per head")] if opts.learned_sink else []
+    rows += stability_rows(opts)
     if opts.mem_len != 0:  # Transformer-XL memory of the global layers (memory.py)
         ev = "" if opts.eval_mem_len is None else f", {opts.eval_mem_len} at evaluation"
         rows.append(("XL memory", "the whole document" if opts.mem_len is None else
@@ -102,6 +111,23 @@ def summary_rows(opts: SoftmaxOptions) -> list[tuple[str, str]]:
     return rows
 
 
+def stability_rows(opts: SoftmaxOptions) -> list[tuple[str, str]]:
+    """The estimator's rows of QK-norm and the attention softcap (absent when off)."""
+    rows = []
+    if opts.qk_norm is not None:
+        scope = "per head" if opts.qk_norm_scope == "head" else "over all heads"
+        rows.append(("QK-norm", f"{opts.qk_norm} on q and k, {scope}"))
+    if opts.softcap is not None:
+        rows.append(("attention softcap", f"c·tanh(s/c), c = {opts.softcap:g}"))
+    return rows
+
+
+def _stability(opts: SoftmaxOptions) -> str:
+    """``describe``'s suffix of QK-norm and the softcap, e.g. ``, qk-norm rmsnorm/head``."""
+    out = "" if opts.qk_norm is None else f", qk-norm {opts.qk_norm}/{opts.qk_norm_scope}"
+    return out + ("" if opts.softcap is None else f", softcap {opts.softcap:g}")
+
+
 def describe(m: ModelConfig, layer: int) -> str:
     """``SoftmaxAttention.describe``: what layer ``layer`` sees, e.g. ``(global, memory 64
     (+16 compressed))``, ``(local, window 128, 4 sinks)``."""
@@ -109,7 +135,7 @@ def describe(m: ModelConfig, layer: int) -> str:
 
     opts = softmax_options(m)
     pattern = masks.layer_pattern(opts, layer)
-    sink = ", learned sink" if opts.learned_sink else ""
+    sink = (", learned sink" if opts.learned_sink else "") + _stability(opts)
     if pattern is None:
         nope = not opts.global_rope and (opts.window or opts.attention_chunk)
         c = _compressed(m, layer)[1]
@@ -217,6 +243,7 @@ def check_values(opts: SoftmaxOptions, key: str) -> None:
         require(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0),
                 f"{key}.{name}", n, "must be null or an integer >= 0 (tokens of XL memory)")
     check_compression(opts, key)
+    check_stability(opts, key)
     w, every, kinds = opts.window, opts.global_every, opts.layers
     require(w is None or (isinstance(w, int) and w >= 1), f"{key}.window", w,
             "must be null (global attention) or >= 1 (keys per query, the query included)")
@@ -254,6 +281,21 @@ def check_compression(opts: SoftmaxOptions, key: str) -> None:
             "one of mean, conv")
     require(finite(opts.compress_loss) and opts.compress_loss >= 0, f"{key}.compress_loss",
             opts.compress_loss, "must be >= 0")
+
+
+def check_stability(opts: SoftmaxOptions, key: str) -> None:
+    """QK-norm (a kind of the "norm" registry, a scope) and the softcap (null or > 0)."""
+    from blocklab.registry import names
+
+    kinds = names("norm")
+    require(opts.qk_norm is None or opts.qk_norm in kinds, f"{key}.qk_norm", opts.qk_norm,
+            f"must be null (none) or a norm kind: {', '.join(kinds)}")
+    require(opts.qk_norm_scope in QK_NORM_SCOPES, f"{key}.qk_norm_scope", opts.qk_norm_scope,
+            f"must be one of {', '.join(QK_NORM_SCOPES)} (one norm of width d_head shared by "
+            "the heads, or one over all heads)")
+    c = opts.softcap
+    require(c is None or (finite(c) and c > 0), f"{key}.softcap", c,
+            "must be null (no softcap) or a finite number > 0")
 
 
 def check_patterns(opts: SoftmaxOptions, key: str) -> None:
