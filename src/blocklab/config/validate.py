@@ -122,6 +122,9 @@ def validate_trainer(t: TrainerConfig, key: str = "trainer") -> TrainerConfig:
                "Lightning's FSDP needs GPUs", "use trainer=model_parallel (FSDP2) on CPU")
         _check(not t.precision.startswith("transformer-engine"), f"{key}.precision",
                t.precision, "Transformer Engine needs a GPU")
+        _check(t.precision not in ("16-mixed", "16"), f"{key}.precision", t.precision,
+               "float16 autocast with loss scaling is CUDA's: on CPU Lightning runs bf16-mixed "
+               "instead", "use trainer.precision=bf16-mixed")
     if t.accelerator in ("gpu", "cuda"):
         import torch
 

@@ -28,17 +28,31 @@ class LossOut:
     # valid targets whose argmax is the label (top-1 accuracy's numerator); None where not
     # counted (training steps: the argmax would cost a pass over every logit for nothing)
     correct: Tensor | None = None
+    # with ``z``: log²Z (Z the softmax's normaliser of the logits) summed over the valid
+    # targets, with its graph (the z-loss: training adds ``optim.z_loss`` times its mean)
+    z: Tensor | None = None
 
 
-def token_loss(logits: Tensor, labels: Tensor, *, accuracy: bool = False) -> LossOut:
+def token_loss(logits: Tensor, labels: Tensor, *, accuracy: bool = False,
+               z: bool = False) -> LossOut:
     """Cross-entropy summed over non-ignored labels, divided by max(count, 1); with
-    ``accuracy``, also the valid targets the logits' argmax predicts (ties: the lowest id)."""
-    total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE,
-                            reduction="sum")
+    ``accuracy``, also the valid targets the logits' argmax predicts (ties: the lowest id);
+    with ``z``, also the summed log²Z of the valid targets (PaLM's z-loss, arXiv 2204.02311),
+    from the one logsumexp the cross-entropy needs (``CE = log Z - logit[label]``)."""
     valid = labels != IGNORE
     count = valid.sum()
     correct = ((logits.detach().argmax(-1) == labels) & valid).sum() if accuracy else None
-    return LossOut(total / count.clamp(min=1), total, count, correct)
+    if not z:
+        total = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                                ignore_index=IGNORE, reduction="sum")
+        return LossOut(total / count.clamp(min=1), total, count, correct)
+    flat, target = logits.flatten(0, 1).float(), labels.flatten()
+    keep = target != IGNORE
+    log_z = torch.logsumexp(flat, dim=-1)
+    picked = flat.gather(1, torch.where(keep, target, 0)[:, None])[:, 0]
+    total = torch.where(keep, log_z - picked, 0.0).sum()
+    return LossOut(total / count.clamp(min=1), total, count, correct,
+                   torch.where(keep, log_z.square(), 0.0).sum())
 
 
 def _pad(rows: list[list[int]] | list[list[bool]], value: int | bool, width: int | None = None,
@@ -105,11 +119,13 @@ class Objective:
         objective whose batches continue each other keeps its state across them."""
         return contextlib.nullcontext()
 
-    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> LossOut:
+    def loss(self, model: torch.nn.Module, batch: dict[str, Tensor], *,
+             z: bool = False) -> LossOut:
         """The batch's token loss; scored without gradients (validation, evaluation), also its
-        top-1 accuracy (``correct``)."""
+        top-1 accuracy (``correct``); with ``z`` (training under ``optim.z_loss``), also the
+        summed log²Z (``LossOut.z``)."""
         return token_loss(self.logits(model, batch), batch["labels"],
-                          accuracy=not torch.is_grad_enabled())
+                          accuracy=not torch.is_grad_enabled(), z=z)
 
     def target_logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
         """(N, V) logits of the supervised positions only (``labels != IGNORE``, row-major

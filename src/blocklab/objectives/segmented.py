@@ -39,11 +39,12 @@ from blocklab.objectives.core import CausalLM, LossOut, pad_rows, token_loss
 
 
 def segment_loss(model: torch.nn.Module, batch: dict[str, Tensor], carry: Any, *,
-                 seg_len: int, bptt: int = 0, accuracy: bool = False) -> LossOut:
+                 seg_len: int, bptt: int = 0, accuracy: bool = False,
+                 z: bool = False) -> LossOut:
     """The token loss of ``batch`` read ``seg_len`` tokens at a time through ``carry``, summed
     over every segment into one graph (a backward reaches every segment since the last detach);
     ``bptt > 0`` detaches the carry after every ``bptt`` segments. Segments after every row's
-    last real token (split padding) are not run."""
+    last real token (split padding) are not run. ``z``: also the summed log²Z (``LossOut.z``)."""
     ids, labels, docs = batch["input_ids"], batch["labels"], batch["segments"]
     valid = batch.get("valid")
     parts = []
@@ -56,15 +57,16 @@ def segment_loss(model: torch.nn.Module, batch: dict[str, Tensor], carry: Any, *
             v = None  # no padding in this segment: the plain causal path
         carry.enter(first_documents(docs[:, cut], v, carry))
         logits = model(ids[:, cut], valid=v, segments=docs[:, cut], cache=carry)
-        parts.append(token_loss(logits, labels[:, cut], accuracy=accuracy))
+        parts.append(token_loss(logits, labels[:, cut], accuracy=accuracy, z=z))
         if bptt and (n + 1) % bptt == 0:
             carry.detach()
     total = torch.stack([p.total for p in parts]).sum()
     count = torch.stack([p.count for p in parts]).sum()
     correct = torch.stack([p.correct for p in parts]).sum() if accuracy else None
+    z_sum = torch.stack([p.z for p in parts]).sum() if z else None
     aux, carry.aux_loss = carry.aux_loss, None  # compressed memory's reconstruction loss
     mean = total / count.clamp(min=1)
-    return LossOut(mean if aux is None else mean + aux, total, count, correct)
+    return LossOut(mean if aux is None else mean + aux, total, count, correct, z_sum)
 
 
 class SegmentedLM(CausalLM):
@@ -148,7 +150,7 @@ class SegmentedLM(CausalLM):
             self._reading = None
 
     def loss(self, model: torch.nn.Module, batch: dict[str, Tensor], *, carry: Any = None,
-             bptt: int = 0) -> LossOut:
+             bptt: int = 0, z: bool = False) -> LossOut:
         """The batch's loss through ``carry`` (stream training: the run's carry); without one,
         a fresh carry (split: every row is a whole document; stream: the evaluation pass's)."""
         b, length = batch["input_ids"].shape
@@ -160,4 +162,4 @@ class SegmentedLM(CausalLM):
         if carry is None:
             carry = self.new_carry(model, b, length=length, mem="train" if grad else "eval")
         return segment_loss(model, batch, carry, seg_len=self.seg_len, bptt=bptt,
-                            accuracy=not grad)
+                            accuracy=not grad, z=z)

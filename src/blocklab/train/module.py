@@ -66,14 +66,14 @@ class LitModel(L.LightningModule):
         self._pending_carry: dict[str, Any] | None = None
         # The running optimizer step's loss (summed over its micro-batches), and the token
         # counts since the last logged row (throughput).
-        self._loss_total = self._loss_count = 0.0
+        self._loss_total = self._loss_count = self._z_total = 0.0  # (z: optim.z_loss's log²Z)
         self._t_last: float | None = None
         self._tokens_since = self._seq_tokens_since = 0
         self._grad_norms: dict[str, Tensor] = {}  # the last optimizer step's, before clipping
         self._layers: list[tuple[str, list[Tensor]]] | None = None
         self.last_row: dict[str, float] = {}  # the row train/metrics.py made last, and its step
         self.last_row_step: int | None = None
-        self._step_loss: float | None = None  # the last optimizer step's loss
+        self._step_loss = self._step_z = None  # the last optimizer step's loss (and log²Z)
         self._step_lr: float | None = None  # the learning rate the last optimizer step ran with
         # the best checkpoint so far (train/best.py), and the (metric, mode) that decides it
         self.best: dict[str, Any] | None = None
@@ -89,13 +89,17 @@ class LitModel(L.LightningModule):
             self._pending_rng = None
         out = self._loss(batch)
         loss, logged, count = out.loss, out.loss.detach(), out.count
-        world = self.trainer.world_size
+        world, w = self.trainer.world_size, self.cfg.optim.z_loss  # z-loss: w · mean log²Z
+        z = out.z if w else None
+        if z is not None:
+            loss = loss + w * z / count.clamp(min=1)
         if world > 1:
             # Normalize by the *global* number of targets: DDP averages gradients over ranks,
             # so total · W / global_count gives exactly the gradient of one process over the
             # global batch (per-rank means would weight ranks with fewer targets more).
             count = self.trainer.strategy.reduce(out.count.detach().float(), reduce_op="sum")
-            loss = out.total * world / count.clamp(min=1)
+            loss = (out.total + (0 if z is None else w * z)) * world / count.clamp(min=1)
+            z = None if z is None else self.trainer.strategy.reduce(z.detach(), reduce_op="sum")
             total = self.trainer.strategy.reduce(out.total.detach().clone(), reduce_op="sum")
             logged = total / count.clamp(min=1)
         if not torch.isfinite(logged):  # under DDP `logged` is global: every rank agrees
@@ -110,6 +114,7 @@ class LitModel(L.LightningModule):
         self._seq_tokens_since += seq.numel() * world
         self._loss_total += float(logged) * tokens
         self._loss_count += tokens
+        self._z_total += 0.0 if z is None else float(z.detach())  # a row: its mean per target
         # Rows reach the loggers through blocklab.train.metrics (durable before a checkpoint);
         # Lightning's own logging only feeds the progress bar and the run summary.
         self.log("train/loss", logged, prog_bar=True, logger=False, batch_size=1)
@@ -120,10 +125,11 @@ class LitModel(L.LightningModule):
         (``trainer.bptt``): ``split`` from a fresh carry, ``stream`` through the run's carry,
         detached from the previous step's graph."""
         mode, bptt = self.cfg.data.segment_mode, self.cfg.trainer.bptt
+        kw = {"z": True} if self.cfg.optim.z_loss else {}  # log²Z too: optim.z_loss
         if mode == "split":
-            return self.objective.loss(self.model, batch, bptt=bptt)
+            return self.objective.loss(self.model, batch, bptt=bptt, **kw)
         if mode != "stream":
-            return self.objective.loss(self.model, batch)
+            return self.objective.loss(self.model, batch, **kw)
         if self.carry is None:
             b, length = batch["input_ids"].shape
             self.carry = self.objective.new_carry(self.model, b, length=length)
@@ -132,7 +138,7 @@ class LitModel(L.LightningModule):
                 self._pending_carry = None
         else:
             self.carry.detach()
-        return self.objective.loss(self.model, batch, carry=self.carry)
+        return self.objective.loss(self.model, batch, carry=self.carry, **kw)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self._step_lr = float(optimizer.param_groups[0]["lr"])  # the rate this step runs with
@@ -182,7 +188,8 @@ class LitModel(L.LightningModule):
         """Close the optimizer step just taken; with ``log``, its metrics row
         (:meth:`train_row`)."""
         self._step_loss = self._loss_total / self._loss_count if self._loss_count else None
-        self._loss_total = self._loss_count = 0.0
+        self._step_z = self._z_total / self._loss_count if self._loss_count else None
+        self._loss_total = self._loss_count = self._z_total = 0.0
         if log:
             return self.train_row()
         if self._t_last is None:
@@ -195,6 +202,8 @@ class LitModel(L.LightningModule):
         row: dict[str, float] = {}
         if self._step_loss is not None:
             row["train/loss"] = self._step_loss
+        if self.cfg.optim.z_loss and self._step_z is not None:  # unweighted: mean log²Z
+            row["train/z_loss"] = self._step_z
         # the rate the step ran with: the scheduler has moved the optimizer's on by now
         row["train/lr"] = (self._step_lr if self._step_lr is not None
                            else float(self.trainer.optimizers[0].param_groups[0]["lr"]))

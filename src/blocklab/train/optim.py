@@ -43,11 +43,22 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
             {"params": no_decay, "weight_decay": 0.0}]
 
 
+def decay_coefficient(cfg: OptimConfig) -> float:
+    """The decay group's torch ``weight_decay``: ``optim.weight_decay`` (coupled: the step
+    decays weights by ``lr_t · weight_decay``), or ``weight_decay / optim.lr`` (independent: by
+    ``weight_decay · lr_t / optim.lr`` — the schedule's shape, not the rate; "Small-scale
+    proxies for large-scale Transformer training instabilities", arXiv 2309.14322)."""
+    if cfg.weight_decay_mode == "independent":
+        return cfg.weight_decay / cfg.lr
+    return cfg.weight_decay
+
+
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """The ``optim.name`` optimizer over :func:`param_groups` of ``model``."""
+    """The ``optim.name`` optimizer over :func:`param_groups` of ``model`` (the decay group's
+    coefficient: :func:`decay_coefficient`)."""
     from blocklab.registry import lookup
 
-    return lookup("optim", cfg.name)(param_groups(model, cfg.weight_decay), cfg)
+    return lookup("optim", cfg.name)(param_groups(model, decay_coefficient(cfg)), cfg)
 
 
 def adamw(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -63,6 +74,9 @@ def sgd(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
 def _sgd_rules(cfg: OptimConfig, key: str) -> None:
     require(not (cfg.nesterov and cfg.momentum == 0), f"{key}.nesterov", cfg.nesterov,
             "Nesterov momentum needs optim.momentum > 0")
+    require(cfg.weight_decay_mode == "coupled", f"{key}.weight_decay_mode",
+            cfg.weight_decay_mode, "SGD's weight decay is an L2 term in the gradient (momentum "
+            "carries it), not a decay of the weights", "use coupled, or adamw / lion / adafactor")
 
 
 sgd.check = _sgd_rules  # type: ignore[attr-defined]  # the validator asks it (validate_optim)
