@@ -358,7 +358,8 @@ def export_hf(cfg: DictConfig) -> None:
     """Export a checkpoint as a Hugging Face model directory:
     ``blocklab-export ckpt=<run dir or checkpoint> out=<dir> [arch=<name>]
     [overwrite=true]``; ``arch`` one of ``blocklab.convert.ARCHITECTURES`` (llama, mistral,
-    qwen2, llama4, gemma2, gpt2, bert, t5), chosen from the model when left out."""
+    qwen2, qwen3, olmo2, llama4, gemma2, gemma3, gpt2, bert, t5), chosen from the model when
+    left out."""
     _run(_export, cfg)
 
 

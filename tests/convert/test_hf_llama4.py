@@ -161,7 +161,7 @@ def _cfg(**extra) -> dict:
 @pytest.mark.parametrize(("extra", "words"), [
     ({"moe_layers": [1, 3]}, ("moe_layers=[1, 3]", "mixture-of-experts")),
     ({"moe_layers": None, "interleave_moe_layer_step": 2}, ("moe_layers=[1, 3]",)),
-    ({"use_qk_norm": True}, ("use_qk_norm=True", "QK-norm", "stability")),
+    ({"use_qk_norm": True}, ("use_qk_norm=True", "weightless", "model.mixer.qk_norm")),
     ({"no_rope_layers": [0, 1, 1, 1]}, ("no_rope_layers=[0, 1, 1, 1]", "global")),
     ({"no_rope_layers": [1, 1, 1, 0], "attention_chunk_size": None,
       "layer_types": ["full_attention"] * 4}, ("no_rope_layers=[1, 1, 1, 0]", "chunked stack")),

@@ -215,3 +215,23 @@ def test_an_unknown_init_is_one_line_naming_model_init():
         validate_model(config(init="xavier"))
     assert str(err.value).startswith("config error: model.init='xavier': unknown choice")
     assert "\n" not in str(err.value)
+
+
+def test_a_users_scheme_is_chosen_by_name_and_states_its_rules(monkeypatch):
+    from blocklab.model.init import INITS, Init
+
+    class Constant(Init):
+        @classmethod
+        def check(cls, m, key):
+            if m.init_std > 1:
+                raise ConfigError(f"config error: {key}.init_std={m.init_std}: too large")
+
+        def fill(self, name, p):
+            torch.nn.init.constant_(p, self.config.init_std)
+
+    monkeypatch.setitem(INITS, "constant", Constant)
+    model = build_model(config(init="constant", init_std=0.25))
+    assert torch.all(model.decoder.blocks[0].ffn.up.weight == 0.25)
+    assert not torch.any(model.embed.weight == 0.25)  # embeddings: the frame's N(0, init_std)
+    with pytest.raises(ConfigError, match=r"model\.init_std=2\.0: too large"):
+        validate_model(config(init="constant", init_std=2.0))

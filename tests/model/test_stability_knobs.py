@@ -1,175 +1,255 @@
-"""Attention computed explicitly (model/scores.py) and the monitor's hook.
+"""The stability knobs of softmax attention and the heads (docs/mixers.md "Stability knobs").
 
-The explicit path equals PyTorch's SDPA (fp32, ~1e-6) for every argument SDPA takes — a bool
-mask, a float additive mask (ALiBi / T5 biases with -inf), is_causal, rows that see no key,
-GQA, the score scale, a learned sink column — and over the variant grid's attention paths:
-dense, blocked local layers with global rows (sinks, global and marked tokens, random
-blocks), XL memory in a carry cache, cross-attention. A layer whose ``stats`` is a list runs
-it and appends its readings (largest raw score, per-head entropy), checked against a brute
-force. Controls: a broken GQA head mapping and an ignored mask are caught by the same
-comparison.
+QK-norm (``model.mixer.qk_norm`` / ``qk_norm_scope``) against torch's functional layer_norm /
+rms_norm on the reshaped q and k, then rotary and attention by hand; the order (norm, then
+rotary) and a norm silently not applied are caught. The attention softcap against
+``c·tanh(s/c)`` by hand on one layer (scores far beyond c), the identity up to ``s³/(3c²)``
+for small scores; the final-logit softcap (``model.logit_softcap``) in every head and the
+``select`` path. Controls: the cap removed, QK-norm skipped, a query projection scaled up
+(scores bounded with QK-norm, growing without). Parameter counts, the one-line refusals, the
+estimator's rows. Mask, padding, packing and cache invariants with these knobs run over the
+variant grid (tests/model/variants.py ``STABILITY``); the explicit attention path and the
+monitor's hook: tests/model/test_attention_hook.py.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from variants import VOCAB, grid, pattern_variants, tiny
+from variants import VOCAB, tiny
 
-from blocklab.config import PositionConfig
-from blocklab.model import attention, build_model, masks
-from blocklab.model.carry import run_segments
-from blocklab.model.scores import explicit_attention
+from blocklab.config import ConfigError, MixerConfig, PositionConfig, validate_model
+from blocklab.model import build_model, qknorm
+from blocklab.model.attention import SoftmaxAttention
+from blocklab.model.estimate import count_params
+from blocklab.model.scores import softcap
 
 ED = "encoder_decoder"
-B, H, HKV, TQ, TK, D = 2, 4, 2, 5, 7, 8
+IDS = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(5))
 
 
-def _qkv(tq=TQ, tk=TK, hkv=HKV):
-    g = torch.Generator().manual_seed(0)
-    return (torch.randn(B, H, tq, D, generator=g), torch.randn(B, hkv, tk, D, generator=g),
-            torch.randn(B, hkv, tk, D, generator=g))
-
-
-def _masks():
-    """(name, mask, causal): every kind of SDPA mask, with rows that see no key."""
-    g = torch.Generator().manual_seed(1)
-    allowed = torch.rand(B, 1, TQ, TK, generator=g) > 0.4
-    allowed[0, 0, 2] = False  # a row that sees nothing
-    bias = torch.randn(B, H, TQ, TK, generator=g)
-    return [("none", None, False), ("causal", None, True), ("bool", allowed, False),
-            ("float", bias, False), ("float-inf", bias.masked_fill(~allowed, -math.inf), False),
-            ("bool-broadcast", allowed[:1, :, :, :], False)]
-
-
-@pytest.mark.parametrize("name,mask,causal", _masks(), ids=[m[0] for m in _masks()])
-@pytest.mark.parametrize("scale", [None, 0.3])
-def test_explicit_equals_sdpa(name, mask, causal, scale):
-    q, k, v = _qkv(tq=TK if causal else TQ)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                          scale=scale, enable_gqa=True)
-    got = explicit_attention(q, k, v, mask=mask, causal=causal, scale=scale, enable_gqa=True)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-    # controls: the other GQA head mapping, and the mask ignored, are caught
-    k2, v2 = k.repeat(1, H // HKV, 1, 1), v.repeat(1, H // HKV, 1, 1)
-    wrong = explicit_attention(q, k2, v2, mask=mask, causal=causal, scale=scale)
-    assert not torch.allclose(wrong, want, atol=1e-3)
-    if mask is not None or causal:
-        assert not torch.allclose(explicit_attention(q, k, v, scale=scale, enable_gqa=True),
-                                  want, atol=1e-3)
-
-
-@pytest.mark.parametrize("name,mask,causal", _masks()[:4], ids=[m[0] for m in _masks()[:4]])
-def test_explicit_sink_equals_the_padded_key_of_sdpa(name, mask, causal):
-    """A learned sink is masks.with_sink's extra key of value zero (what _sdpa gives SDPA)."""
-    q, k, v = _qkv(tq=TK if causal else TQ)
-    sink = torch.tensor([0.5, -1.0, 2.0, 0.0])
-    vis = masks.with_sink(masks.Visibility(allowed=mask, causal=causal), sink, q.shape[2], TK)
-    want = F.scaled_dot_product_attention(q, F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1)),
-                                          enable_gqa=True, **vis.sdpa_kwargs())
-    got = explicit_attention(q, k, v, mask=mask, causal=causal, enable_gqa=True, sink=sink)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-
-
-def test_stats_against_a_brute_force():
-    q, k, v = _qkv()
-    mask = _masks()[4][1]  # float bias with -inf, a row that sees nothing
-    stats: list = []
-    explicit_attention(q, k, v, mask=mask, enable_gqa=True, scale=0.3, stats=stats)
-    (got,) = stats
-    kk = k.repeat_interleave(H // HKV, 1)
-    top, ent = -math.inf, torch.zeros(H, dtype=torch.float64)
-    for h in range(H):
-        rows = 0
-        for b in range(B):
-            for i in range(TQ):
-                ok = [j for j in range(TK) if mask[b, h, i, j] > -math.inf]
-                if not ok:
-                    continue
-                raw = [float(q[b, h, i] @ kk[b, h, j]) * 0.3 for j in ok]
-                top = max(top, *raw)
-                p = torch.tensor([r + float(mask[b, h, i, j]) for r, j in zip(raw, ok)],
-                                 dtype=torch.float64).softmax(0)
-                ent[h] += -(p * p.log()).sum()
-                rows += 1
-        ent[h] /= rows
-    assert got["logit_max"].shape == () and got["logit_max"].dtype == torch.float32
-    assert got["entropy"].shape == (H,) and got["entropy"].dtype == torch.float32
-    assert math.isclose(float(got["logit_max"]), top, rel_tol=1e-5)
-    torch.testing.assert_close(got["entropy"].double(), ent, atol=1e-5, rtol=1e-5)
-
-
-# ------------------------------------------------------------------ the grid's attention paths
-
-def _hook(model, on: bool) -> list[list]:
-    lists = []
-    for mod in model.modules():
-        if hasattr(mod, "stats") and isinstance(mod, torch.nn.Module):
-            mod.stats = [] if on else None
-            lists.append(mod.stats)
-    return lists
-
-
-def _batch(cfg, length=26):
-    gen = torch.Generator().manual_seed(7)
-    ids = torch.randint(0, VOCAB, (3, length), generator=gen)
-    ids[:, ::5] = 3  # global_token_id 3 marks a few tokens
-    valid = torch.ones(3, length, dtype=torch.bool)
-    valid[0, :5] = False
-    valid[2, length - 6:] = False
-    if cfg.family.name == ED:
-        return (ids, ids.flip(-1)), {"source_valid": valid}
-    return (ids,), {"valid": valid}
-
-
-def _softmax_only(cfg) -> bool:
-    return cfg.mixer.name == "softmax" and not cfg.mixer.pattern
-
-
-DENSE = [(i, c) for i, c in grid() if _softmax_only(c) and c.mixer.get("window") is None
-         and (i, c) not in pattern_variants()][::3]
-LOCAL = [(i, c) for i, c in grid() if _softmax_only(c) and (i, c) not in DENSE
-         and (c.mixer.get("window") is not None or c.mixer.get("attention_chunk") is not None)]
-
-
-@pytest.mark.parametrize("cfg", [c for _, c in DENSE + LOCAL], ids=[i for i, _ in DENSE + LOCAL])
-def test_the_hook_computes_explicitly_with_the_same_outputs(cfg, monkeypatch):
-    monkeypatch.setattr(attention, "MIN_BLOCK", 4)  # local layers in blocks (and global rows)
-    torch.manual_seed(0)
+def _model(family="decoder", position="rope", logit_softcap=None, seed=0, **options):
+    cfg = validate_model(tiny(family, PositionConfig(name=position), "gqa",
+                              logit_softcap=logit_softcap,
+                              mixer=MixerConfig(name="softmax", **options)))
+    torch.manual_seed(seed)
     model = build_model(cfg).eval()
-    args, kw = _batch(cfg)
-    real = kw.get("valid", torch.ones(3, 26, dtype=torch.bool))
+    with torch.no_grad():  # norms away from their unit init, so that their order matters
+        for name, p in model.named_parameters():
+            if "q_norm" in name or "k_norm" in name:
+                p.copy_(torch.rand(p.shape) + 0.5 if name.endswith("weight") else
+                        torch.randn(p.shape) * 0.3)
+    return model
+
+
+def _first_layer(model, ids):
+    """The first decoder layer's attention, its input and its output."""
+    attn, seen = model.decoder.blocks[0].attn, {}
+    hook = attn.register_forward_hook(lambda mod, args, out: seen.update(x=args[0], y=out))
     with torch.no_grad():
-        want = model(*args, **kw)[real]
-        lists = _hook(model, True)
-        got = model(*args, **kw)[real]
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
-    assert lists and all(lists), "every attention module appended its readings"
-    for r in (r for lst in lists for r in lst):
-        assert r["logit_max"].shape == () and torch.isfinite(r["logit_max"])
-        assert r["entropy"].shape == (cfg.n_heads,) and (r["entropy"] >= -1e-6).all()
-        assert (r["entropy"] <= math.log(2 * 26 + 1) + 1e-5).all()
-    _hook(model, False)
+        model(ids)
+    hook.remove()
+    return attn, seen["x"], seen["y"]
 
 
-@pytest.mark.parametrize("position", ["rope", "alibi"])
-def test_the_hook_on_xl_memory_layers(position):
-    cfg = copy.deepcopy(tiny(position=PositionConfig(name=position)))
-    cfg.mixer["mem_len"] = 6
-    torch.manual_seed(0)
-    model = build_model(cfg).eval()
-    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(3))
+def _norm_by_hand(x, norm, scope, kind):
+    """torch's functional norm on (B, T, n, D) per head or over all heads."""
+    flat = x.flatten(-2) if scope == "all" else x
+    shape = (flat.shape[-1],)
+    if kind == "rmsnorm":
+        y = F.rms_norm(flat, shape, norm.weight, norm.eps)
+    else:
+        y = F.layer_norm(flat, shape, norm.weight, norm.bias, norm.eps)
+    return y.view_as(x)
 
-    def carried():
-        return run_segments(model, ids, seg_len=8, cache=model.new_cache(2, None, carry=True))
 
+def _rotate(x, inv_freq):
+    """Rotary angles of positions 0..T-1 on x (B, T, n, D): the rotate-half form."""
+    ang = torch.arange(x.shape[1])[:, None].float() * inv_freq
+    ang = torch.cat((ang, ang), -1)[None, :, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * ang.cos() + torch.cat((-x2, x1), -1) * ang.sin()
+
+
+def _attention_by_hand(attn, x, inv_freq, *, qk=None, cap=None, norm_last=False):
+    """Causal attention of ``attn`` on ``x``, own code: projections, the QK-norm ``qk`` =
+    (scope, kind), rotary (``norm_last``: the wrong order, the norm after it), scores (capped
+    by ``cap``), softmax, values, output projection."""
+    b, t, _ = x.shape
+    h, hkv, d = attn.n_heads, attn.n_kv_heads, attn.d_head
+    q, k, v = F.linear(x, attn.qkv.weight, attn.qkv.bias).view(b, t, h + 2 * hkv, d).split(
+        (h, hkv, hkv), 2)
+    if norm_last:
+        q, k = _rotate(q, inv_freq), _rotate(k, inv_freq)
+    if qk is not None:
+        q, k = (_norm_by_hand(q, attn.q_norm, *qk), _norm_by_hand(k, attn.k_norm, *qk))
+    if not norm_last:
+        q, k = _rotate(q, inv_freq), _rotate(k, inv_freq)
+    q, k, v = (y.transpose(1, 2) for y in (q, k, v))
+    k, v = k.repeat_interleave(h // hkv, 1), v.repeat_interleave(h // hkv, 1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(d)
+    if cap is not None:
+        s = cap * torch.tanh(s / cap)
+    s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), -math.inf)
+    o = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, h * d)
+    return attn.out(o), s
+
+
+@pytest.mark.parametrize("scope", ["head", "all"])
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_qk_norm_is_torchs_norm_on_q_and_k_before_rotary(kind, scope, monkeypatch):
+    model = _model(qk_norm=kind, qk_norm_scope=scope)
+    attn, x, y = _first_layer(model, IDS)
+    width = attn.d_head if scope == "head" else attn.n_heads * attn.d_head
+    assert attn.q_norm.weight.shape == (width,)
+    inv_freq = model.decoder.position.inv_freq
     with torch.no_grad():
-        want = carried()
-        lists = _hook(model, True)
-        got = carried()
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
-    assert [len(x) for x in lists] == [3] * cfg.n_layers  # one reading per segment and layer
+        want, _ = _attention_by_hand(attn, x, inv_freq, qk=(scope, kind))
+        after, _ = _attention_by_hand(attn, x, inv_freq, qk=(scope, kind), norm_last=True)
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(want, after, atol=1e-3)  # the order matters with these weights
+    # control: a QK-norm silently not applied is caught
+    monkeypatch.setattr(qknorm, "fused", lambda layer, qk: qk)
+    assert not torch.allclose(_first_layer(model, IDS)[2], want, atol=1e-3)
+
+
+@pytest.mark.parametrize("qk_norm", [None, "rmsnorm"])
+def test_qk_norm_keeps_scores_bounded_as_q_grows(qk_norm):
+    """The largest raw score (the monitor's logit_max) of a layer whose query projection is
+    scaled up 100x: unchanged with QK-norm, 100x larger without (the control)."""
+    readings = []
+    for gain in (1.0, 100.0):
+        model = _model(qk_norm=qk_norm)
+        attn = model.decoder.blocks[0].attn
+        with torch.no_grad():
+            attn.qkv.weight[:attn.n_heads * attn.d_head] *= gain
+        attn.stats = []
+        with torch.no_grad():
+            model(IDS)
+        readings.append(float(attn.stats[0]["logit_max"]))
+    ratio = readings[1] / readings[0]
+    assert (ratio < 1.01) if qk_norm else (ratio > 50), readings
+
+
+def test_softcap_is_the_identity_for_small_scores_and_bounded_by_c():
+    c = 5.0
+    s = torch.linspace(-0.5, 0.5, 101, dtype=torch.float64)
+    err = (softcap(s, c) - s).abs()
+    assert (err <= s.abs() ** 3 / (3 * c ** 2) + 1e-15).all()  # tanh(x) = x - x³/3 + ...
+    assert err.max() > 1e-4  # it does bend them (a softcap not applied: 0)
+    big = torch.tensor([-1e6, -80.0, 80.0, 1e6], dtype=torch.float64)
+    assert (softcap(big, c).abs() <= c).all() and softcap(big, c).abs().min() > 0.999 * c
+    assert softcap(s, None) is s
+
+
+def test_softcap_on_one_layer_against_the_formula(monkeypatch):
+    """Scores c·tanh(s/c) after the scale, before the causal mask: the layer equals the
+    formula by hand with scores far beyond c; without the cap it does not (control)."""
+    cap = 0.3
+    model = _model(softcap=cap)
+    attn = model.decoder.blocks[0].attn
+    with torch.no_grad():
+        attn.qkv.weight[:attn.n_heads * attn.d_head] *= 300  # scores >> c
+    _, x, y = _first_layer(model, IDS)
+    inv_freq = model.decoder.position.inv_freq
+    with torch.no_grad():
+        want, s = _attention_by_hand(attn, x, inv_freq, cap=cap)
+        _, raw = _attention_by_hand(attn, x, inv_freq)
+    assert raw[raw.isfinite()].abs().max() > 10 * cap
+    assert s[s.isfinite()].abs().max() <= cap
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(attn, "softcap", None)
+    assert not torch.allclose(_first_layer(model, IDS)[2], want, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", ED])
+def test_a_large_softcap_changes_the_model_by_c_to_the_minus_2(family):
+    args = (IDS, IDS.flip(-1)) if family == ED else (IDS,)
+    with torch.no_grad():
+        plain = _model(family, seed=1, qk_norm="rmsnorm")(*args)
+        capped = _model(family, seed=1, qk_norm="rmsnorm", softcap=1e3)(*args)
+        bent = _model(family, seed=1, qk_norm="rmsnorm", softcap=0.5)(*args)
+    torch.testing.assert_close(capped, plain, atol=1e-5, rtol=0)
+    assert not torch.allclose(bent, plain, atol=1e-3)  # cross-attention and all: applied
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", ED])
+def test_logit_softcap_caps_every_head_after_the_head_scale(family):
+    args = (IDS, IDS.flip(-1)) if family == ED else (IDS,)
+    with torch.no_grad():
+        plain = _model(family, seed=2)(*args)
+        c = 0.5 * float(plain.abs().max())
+        model = _model(family, seed=2, logit_softcap=c)
+        capped = model(*args)
+        select = IDS % 3 == 0
+        picked = model(*args, select=select)
+    torch.testing.assert_close(capped, c * torch.tanh(plain / c), atol=1e-6, rtol=1e-5)
+    assert capped.abs().max() <= c and plain.abs().max() > c  # bounded, and it bent them
+    torch.testing.assert_close(picked, capped[select], atol=1e-6, rtol=1e-5)
+
+
+def test_encoder_decoder_cross_attention_has_qk_norm_and_the_hook():
+    model = _model(ED, qk_norm="layernorm", qk_norm_scope="all")
+    cross = model.decoder.blocks[0].cross
+    assert cross.q_norm.weight.shape == (cross.n_heads * cross.d_head,)
+    assert cross.k_norm.weight.shape == (cross.n_kv_heads * cross.d_head,)
+    cross.stats = []
+    with torch.no_grad():
+        model(IDS, IDS.flip(-1))
+    assert len(cross.stats) == 1 and cross.stats[0]["entropy"].shape == (cross.n_heads,)
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder", ED])
+@pytest.mark.parametrize("options", [{"qk_norm": "layernorm"},
+                                     {"qk_norm": "rmsnorm", "qk_norm_scope": "all"}])
+def test_parameter_counts_include_the_qk_norms(family, options):
+    cfg = validate_model(tiny(family, attention="gqa",
+                              mixer=MixerConfig(name="softmax", **options)))
+    model = build_model(cfg)
+    assert count_params(cfg) == sum(p.numel() for p in model.parameters())
+    norms = sum(p.numel() for n, p in model.named_parameters() if "q_norm" in n or "k_norm" in n)
+    d, h, hkv = cfg.head_dim, cfg.n_heads, cfg.kv_heads
+    per_param = 2 if options["qk_norm"] == "layernorm" and cfg.norm.bias else 1
+    width = 2 * d if options.get("qk_norm_scope", "head") == "head" else (h + hkv) * d
+    layers = {"decoder": 2, "encoder": 2, ED: 3 + 2 * 2}[family]  # ED: its decoder's cross too
+    assert norms == layers * width * per_param > 0
+
+
+@pytest.mark.parametrize("key,value,rule", [
+    ("qk_norm", "batchnorm", "must be null (none) or a norm kind: layernorm, rmsnorm"),
+    ("qk_norm_scope", "heads", "must be one of head, all"),
+    ("softcap", 0.0, "must be null (no softcap) or a finite number > 0"),
+    ("softcap", -3.0, "must be null"),
+    ("softcap", float("inf"), "must be a finite number"),
+    ("softcap", float("nan"), "must be a finite number"),
+])
+@pytest.mark.parametrize("family", ["decoder", ED])
+def test_bad_values_are_refused_in_one_line(key, value, rule, family):
+    # an encoder-decoder of linear attention: its cross-attention alone reads them
+    mixer = MixerConfig(name="linear" if family == ED else "softmax", **{key: value})
+    with pytest.raises(ConfigError) as e:
+        validate_model(tiny(family, mixer=mixer))
+    msg = str(e.value)
+    assert f"model.mixer.{key}=" in msg and rule in msg and "\n" not in msg.strip()
+
+
+def test_summary_and_describe_show_the_knobs():
+    cfg = validate_model(tiny(mixer=MixerConfig(name="softmax", qk_norm="rmsnorm",
+                                                qk_norm_scope="all", softcap=50.0)))
+    rows = dict(SoftmaxAttention.summary_rows(cfg))
+    assert rows["QK-norm"] == "rmsnorm on q and k, over all heads"
+    assert rows["attention softcap"] == "c·tanh(s/c), c = 50"
+    assert SoftmaxAttention.describe(cfg, 0) == "(global, qk-norm rmsnorm/all, softcap 50)"
+    plain = validate_model(tiny())
+    assert "QK-norm" not in dict(SoftmaxAttention.summary_rows(plain))
+    assert SoftmaxAttention.describe(plain, 0) == "(global)"
+
+
+def test_cross_attention_of_a_linear_encoder_decoder_reads_the_knobs():
+    cfg = validate_model(tiny(ED, mixer=MixerConfig(name="linear", qk_norm="rmsnorm",
+                                                    softcap=2.0)))
+    cross = build_model(cfg).decoder.blocks[0].cross
+    assert cross.softcap == 2.0 and cross.q_norm.weight.shape == (cfg.head_dim,)

@@ -86,6 +86,46 @@ def test_log_z_and_the_residual_stream_against_direct_computations():
         assert float(torch.sqrt(torch.mean(x ** 2))) != pytest.approx(rms, rel=1e-4)
 
 
+def test_attention_logit_max_and_entropy_against_q_dot_k(monkeypatch):
+    """The fused path's own q and k (captured from SDPA's arguments in a forward without the
+    monitors), scored by hand: the largest causal q·k·scale and each head's mean entropy."""
+    from blocklab.model import attention
+
+    model, objective = decoder_and_objective()
+    with torch.no_grad():  # sharper than at init: heads that differ
+        for name, p in model.named_parameters():
+            if ".attn." in name and p.dim() == 2:
+                p.mul_(20.0)
+    batch = batch_with_padding()
+    row = Readings(model, objective, PAD)(batch)
+    seen: list[tuple] = []
+    real = attention.F.scaled_dot_product_attention
+
+    def capture(q, k, v, **kw):
+        seen.append((q, k, kw))
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", capture)
+    with torch.no_grad():
+        model(batch["input_ids"])
+    assert len(seen) == len(model.decoder.blocks)
+    for i, (q, k, kw) in enumerate(seen):
+        assert kw.get("is_causal") and kw.get("attn_mask") is None
+        scale = kw.get("scale") or q.shape[-1] ** -0.5
+        s = (q @ k.transpose(-1, -2)) * scale  # (B, H, T, T)
+        causal = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        s = s.masked_fill(~causal, float("-inf"))
+        assert row[f"monitor/attn_logit_max/decoder.{i}"] == pytest.approx(float(s.max()),
+                                                                           rel=1e-5)
+        p = torch.softmax(s, -1)
+        entropy = -(p * torch.log(p.clamp(min=1e-45))).sum(-1).mean((0, 2))  # (H,)
+        assert row[f"monitor/attn_entropy_min/decoder.{i}"] == pytest.approx(
+            float(entropy.min()), rel=1e-4)
+        # negative control: the mean over heads is not the lowest head
+        assert row[f"monitor/attn_entropy_min/decoder.{i}"] != pytest.approx(
+            float(entropy.mean()), rel=1e-3)
+
+
 def test_attention_stats_are_aggregated_per_layer():
     """What the ``stats`` hook gives (one dict per call): the largest logit over the calls, the
     lowest head of the entropy averaged over the calls."""
@@ -108,6 +148,29 @@ def test_attention_stats_are_aggregated_per_layer():
     assert row["monitor/attn_logit_max/decoder.0"] == 5.0
     assert row["monitor/attn_entropy_min/decoder.0"] == pytest.approx(0.4)
     assert fake.stats is None  # reset after the read
+
+
+@pytest.mark.parametrize("family", ["encoder", "encoder_decoder"])
+def test_every_family_reads_through_its_objective(family):
+    """The encoder (``valid``) and the encoder–decoder (``source_valid``, the target) stacks:
+    every layer's readings, cross-attention included."""
+    from blocklab.data.synthetic import Example
+
+    torch.manual_seed(0)
+    model = build_model(tiny(family)).eval()
+    objective = build_objective(family, compose("train", ["experiment=smoke"]).data)
+    examples = [Example(tokens=list(range(4, 4 + n)), targets=[False] * (n - 3) + [True] * 3)
+                for n in (9, 6)]
+    row = Readings(model, objective, PAD)(objective.collate(examples))
+    stacks = ["encoder"] + (["decoder"] if family == "encoder_decoder" else [])
+    for stack in stacks:
+        blocks = getattr(model, stack).blocks
+        for i in range(len(blocks)):
+            for kind in ("attn_logit_max", "attn_entropy_min", "residual_rms"):
+                assert math.isfinite(row[f"monitor/{kind}/{stack}.{i}"]), (kind, stack, i)
+    if family == "encoder_decoder":
+        assert "monitor/attn_logit_max/decoder.0.cross" in row
+    assert math.isfinite(row["monitor/logz_mean"])
 
 
 def test_update_ratio_by_hand():
@@ -170,7 +233,8 @@ def test_every_logger_gets_the_rows_and_the_figures_are_written(tmp_path, monkey
     monkeypatch.setenv("WANDB_MODE", "offline")
     d = run(tmp_path / "run", "monitors.every=5", "logger=many",
             "logger.loggers=[tensorboard,wandb]")
-    keys = ["monitor/logz_mean", "monitor/logz_max", "monitor/residual_rms/decoder.0",
+    keys = ["monitor/attn_logit_max/decoder.0", "monitor/attn_entropy_min/decoder.1",
+            "monitor/logz_mean", "monitor/logz_max", "monitor/residual_rms/decoder.0",
             "monitor/residual_max/decoder.1", "monitor/update_ratio/ffn",
             "monitor/update_ratio/embedding"]
     header = (next(d.glob("logs/version_*/metrics.csv"))).read_text().splitlines()[0]
@@ -189,7 +253,8 @@ def test_every_logger_gets_the_rows_and_the_figures_are_written(tmp_path, monkey
     data = wandb_file.read_bytes()
     for k in keys:
         assert k.encode() in data, k
-    for png in ("logz", "residual_rms", "residual_max", "update_ratio", "grad_norm"):
+    for png in ("attn_logit_max", "attn_entropy_min", "logz", "residual_rms", "residual_max",
+                "update_ratio", "grad_norm"):
         assert (d / "monitors" / f"{png}.png").stat().st_size > 1000, png
     series = json.loads((d / "monitors" / "monitors.json").read_text())["series"]
     assert [p[0] for p in series["monitor/logz_mean"]] == [5, 10, 15, 20]

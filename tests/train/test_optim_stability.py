@@ -151,3 +151,25 @@ def test_a_bf16_mixed_cpu_run_trains_to_a_finite_loss(tmp_path):
     rows = _rows(_train(tmp_path, "trainer.precision=bf16-mixed"))
     losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
     assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+
+
+def test_segment_by_segment_the_z_sum_is_the_whole_documents():
+    """A segment mode adds every segment's log²Z; with a state that holds the whole document
+    (an SSM) that is the plain objective's one forward over everything."""
+    from blocklab.config import DataConfig
+    from blocklab.data.synthetic import Example
+    from blocklab.model import build_model
+    from blocklab.objectives import CausalLM, SegmentedLM
+
+    torch.manual_seed(0)
+    model = build_model({"vocab_size": 48, "d_model": 32, "n_layers": 2, "n_heads": 2,
+                         "d_ff": 64, "max_seq_len": 64, "position": {"name": "none"},
+                         "mixer": {"name": "ssm", "chunk": 4}}).eval()
+    seg = SegmentedLM.from_config(DataConfig(seq_len=8, segment_mode="split", doc_len=32))
+    examples = [Example(list(range(5, 5 + n)), [True] * n) for n in (21, 30, 12)]
+    got = seg.loss(model, seg.collate(examples), z=True)
+    want = CausalLM().loss(model, CausalLM().collate(examples), z=True)
+    assert int(got.count) == int(want.count)
+    torch.testing.assert_close(got.z, want.z, atol=1e-3, rtol=1e-5)
+    torch.testing.assert_close(got.total, want.total, atol=1e-3, rtol=1e-5)
+    assert seg.loss(model, seg.collate(examples)).z is None  # off unless asked

@@ -4,8 +4,9 @@
 GGUF file (llama architecture) or a hub id onto blocklab's own modules and writes an ordinary
 checkpoint; ``export_model`` writes a checkpoint back as a directory ``transformers`` loads;
 ``read_pretrained`` is the in-memory source of ``blocklab-train init_from=...``. Architectures:
-``ARCHITECTURES`` (llama, mistral, qwen2, gpt2, bert, t5 — see table.py). Config fields are
-mapped one by one; one blocklab cannot express is refused in one line naming it and its value.
+``ARCHITECTURES`` (llama, mistral, qwen2, qwen3, olmo2, llama4, gemma2, gemma3, gpt2, bert, t5
+— see table.py). Config fields are mapped one by one; one blocklab cannot express is refused
+in one line naming it and its value.
 Every file read stays inside the model directory; destinations are written whole or not at all.
 """
 

@@ -22,6 +22,9 @@ from blocklab.model.softmax_options import softmax_options
 from blocklab.progress import Progress
 from blocklab.provenance import versions
 
+#: model keys that only say how a model is initialized: never part of what an export must keep
+INIT_ONLY = ("init_std", "init", "embed_init_std")
+
 
 def _compare(arch: Arch, m: ModelConfig) -> tuple[bool, list[str]]:
     """(whether ``arch`` has a name for every component of ``m``, the model keys where ``m``
@@ -31,7 +34,7 @@ def _compare(arch: Arch, m: ModelConfig) -> tuple[bool, list[str]]:
     except ConfigError as e:  # a component the architecture has no name for
         return False, [str(e).split(": ", 1)[-1]]
     want, got = _normal(m), _normal(back)
-    skip = set(arch.unmapped)
+    skip = set(arch.unmapped) | set(INIT_ONLY)
     if _layer_windows(m) == _layer_windows(back):  # one pattern, written either way
         skip |= {"mixer.global_every", "mixer.layers"}
     if _layer_mixers(m) == _layer_mixers(back):  # [softmax] is softmax on every layer

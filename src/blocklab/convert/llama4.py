@@ -27,8 +27,9 @@ What Hugging Face computes (transformers 5, ``modeling_llama4.py`` and
   permutation of q and k, on the NoPE layers too.
 
 Refused in one line: MoE layers (``moe_layers``; the Llama 4 Scout / Maverick checkpoints are
-MoE), ``use_qk_norm: true`` (a weightless RMSNorm on the rotary layers' q and k: QK-norm comes
-with the training-stability work), NoPE layers that are not exactly the full-attention layers.
+MoE), ``use_qk_norm: true`` (a weightless RMSNorm on the rotary layers' q and k only, after
+the rotation: blocklab's QK-norm has a weight and covers every layer), NoPE layers that are not
+exactly the full-attention layers.
 tests/convert/test_hf_llama4.py checks logits past the chunk, on a left-padded batch and by
 cached greedy decoding against ``transformers``.
 """
@@ -90,9 +91,9 @@ class Llama4(Llama):
                     "router_jitter_noise", "output_router_logits"):
             f.take(key)  # the experts' settings: no expert layer reads them
         if f.take("use_qk_norm", True):
-            f.refuse("use_qk_norm", True, "blocklab has no QK-norm (the weightless RMSNorm "
-                     "Llama 4 puts on the rotary layers' q and k): it comes with the "
-                     "training-stability work")
+            f.refuse("use_qk_norm", True, "Llama 4 puts a weightless RMSNorm on q and k of "
+                     "its rotary layers only, after the rotation; blocklab's QK-norm "
+                     "(model.mixer.qk_norm) has a weight and normalizes every layer")
         plain["mixer"].update(self._pattern_in(f, n))
         return plain
 

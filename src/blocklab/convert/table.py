@@ -1,28 +1,29 @@
-"""The architectures ``convert`` reads and writes, by name (archs.py, windows.py, llama4.py,
-gemma.py), and the lookup by Hugging Face ``model_type``. Order matters for export: of the
-architectures that express a model exactly, the first is written (a window-free Llama-layout
-model as llama)."""
+"""The architectures ``convert`` reads and writes, by name (archs.py, windows.py, qknorm.py,
+llama4.py, gemma.py), and the lookup by Hugging Face ``model_type``. Order matters for export:
+of the architectures that express a model exactly, the first is written (a window-free
+Llama-layout model as llama)."""
 
 from __future__ import annotations
 
 from blocklab.convert.archs import GPT2, Arch, Llama
 from blocklab.convert.encoders import T5, Bert
-from blocklab.convert.gemma import Gemma2
+from blocklab.convert.gemma import Gemma2, Gemma3
 from blocklab.convert.llama4 import Llama4
+from blocklab.convert.qknorm import Olmo2, Qwen3
 from blocklab.convert.windows import Mistral, Qwen2
 from blocklab.errors import ConfigError
 
-ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (Llama(), Mistral(), Qwen2(), Llama4(),
-                                                      Gemma2(), GPT2(), Bert(), T5())}
+ARCHITECTURES: dict[str, Arch] = {a.name: a for a in (
+    Llama(), Mistral(), Qwen2(), Qwen3(), Olmo2(), Llama4(), Gemma2(), Gemma3(), GPT2(), Bert(),
+    T5())}
 
 #: Hugging Face model types blocklab knows it cannot express yet, and why (docs/pretrained.md
 #: "Llama 4 and Gemma")
 LEFT_OUT: dict[str, str] = {
-    "gemma3_text": "Gemma 3 normalizes every layer's q and k (q_norm / k_norm: QK-norm, which "
-                   "comes with the training-stability work) and rotates its sliding layers with "
-                   "a base of their own (rope_local_base_freq); blocklab has neither",
-    "gemma3": "the multimodal Gemma 3 (vision tower); its text model (gemma3_text) is left out "
-              "too: QK-norm and a per-layer rotary base, which blocklab does not have",
+    "gemma3": "the multimodal Gemma 3 (vision tower); blocklab imports its text model "
+              "(model_type gemma3_text) where the sliding layers rotate like the full ones",
+    "qwen3_moe": "Qwen3's mixture-of-experts FFNs are not a blocklab component (the dense "
+                 "Qwen3, model_type qwen3, is imported)",
     "llama4": "the multimodal Llama 4 (vision encoder, MoE layers); blocklab imports the text "
               "model with dense layers (model_type llama4_text)",
 }

@@ -106,7 +106,12 @@ class Qwen2(Llama):
     def config_in(self, f: Fields, tensors: dict[str, Tensor]) -> dict[str, Any]:
         plain = self.core_in(f)
         plain["attention"]["bias"] = True
-        n = plain["n_layers"]
+        plain["mixer"].update(self.windows_in(f, plain["n_layers"]))
+        return plain
+
+    @staticmethod
+    def windows_in(f: Fields, n: int) -> dict[str, Any]:
+        """Qwen2Config's window keys (Qwen3's too) -> blocklab's window pattern."""
         use = bool(f.take("use_sliding_window", False))
         window = f.take_nullable("sliding_window", 4096)  # Qwen2Config's default
         window = window if use else None  # Qwen2Config drops it without use_sliding_window
@@ -119,15 +124,18 @@ class Qwen2(Llama):
             f.refuse("layer_types", types, "names sliding layers, but there is no window "
                      f"(use_sliding_window={use}, sliding_window="
                      f"{f.config.get('sliding_window')!r}): Hugging Face's Qwen2 cannot run it")
-        plain["mixer"].update(pattern_in(types, window))
-        return plain
+        return pattern_in(types, window)
 
     def config_out(self, m: ModelConfig) -> dict[str, Any]:
+        return {**self.core_out(m), **self.windows_out(m)}
+
+    @staticmethod
+    def windows_out(m: ModelConfig) -> dict[str, Any]:
         types = layer_types_out(m)
         window = softmax_options(m).window if SLIDING in types else None
         first = types.index(SLIDING) if window is not None else m.n_layers
-        return {**self.core_out(m), "use_sliding_window": window is not None,
-                "sliding_window": window, "max_window_layers": first, "layer_types": types}
+        return {"use_sliding_window": window is not None, "sliding_window": window,
+                "max_window_layers": first, "layer_types": types}
 
     def attn_in(self, w: Weights, m: ModelConfig, a: str, b: str, out: dict[str, Tensor]) -> None:
         for kind in ("weight", "bias"):

@@ -2,10 +2,11 @@
 ``default_init``: DeepNorm's own for ``block=deepnorm``, GPT-2's otherwise).
 
 Every scheme shares the frame :func:`initialize` applies: norm weights 1, biases (every 1-d
-parameter but a norm's weight) 0, scalars N(0, ``model.init_std``), token and token-type embeddings N(0, ``model.embed_init_std``)
-(null = ``model.init_std``); every other weight is the scheme's (:meth:`Init.fill`), in the
-order of ``named_parameters`` so a seed gives the same weights run after run. A component that
-needs its own initialization defines ``init_weights()``; it runs after the scheme.
+parameter but a norm's weight) 0, scalars N(0, ``model.init_std``), token and token-type
+embeddings N(0, ``model.embed_init_std``) (null = ``model.init_std``); every other weight is
+the scheme's (:meth:`Init.fill`), in the order of ``named_parameters`` so a seed gives the
+same weights run after run. A component that needs its own initialization defines
+``init_weights()``; it runs after the scheme.
 
 An init component (``INITS``) subclasses :class:`Init`, is built as ``Init(model)`` (it may
 look at the whole model first) and fills one weight per call; optional rules

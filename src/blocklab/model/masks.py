@@ -308,21 +308,24 @@ def self_visibility(
     return Visibility(allowed=bias.masked_fill(~allowed, float("-inf")), causal=False)
 
 
+def additive(vis: Visibility, q_len: int, k_len: int, device: torch.device) -> Tensor | None:
+    """``vis`` as float scores to add (B|1, H|1, Tq, Tk): its bias, -inf at a pair it forbids
+    (explicit attention, model/scores.py; a sink); None = every pair, no bias."""
+    allowed = vis.allowed
+    if allowed is None and vis.causal:
+        allowed = causal_allowed(q_len, k_len, device)[None, None]
+    if allowed is None or allowed.dtype != torch.bool:
+        return allowed
+    return torch.zeros(allowed.shape, device=device).masked_fill(~allowed, float("-inf"))
+
+
 def with_sink(vis: Visibility, logits: Tensor, q_len: int, k_len: int) -> Visibility:
     """``vis`` over one more key, the last, visible to every query with the additive score
     ``logits`` (H,) per head: a learned attention sink (its value is zero). Additive float
     scores (B|1, H, Tq, Tk + 1) in ``logits``' dtype; a padding query then attends to the
     sink alone (output zero, never NaN)."""
-    allowed = vis.allowed
-    if allowed is None and vis.causal:
-        allowed = causal_allowed(q_len, k_len, logits.device)[None, None]
-    zeros = logits.new_zeros(1, 1, q_len, k_len)
-    if allowed is None:
-        scores = zeros
-    elif allowed.dtype == torch.bool:
-        scores = zeros.masked_fill(~allowed, float("-inf"))
-    else:
-        scores = allowed.to(logits.dtype)
+    scores = additive(vis, q_len, k_len, logits.device)
+    scores = logits.new_zeros(1, 1, q_len, k_len) if scores is None else scores.to(logits.dtype)
     h = logits.shape[0]
     scores = scores.expand(scores.shape[0], h, q_len, k_len)
     sink = logits.view(1, h, 1, 1).expand(scores.shape[0], h, q_len, 1)

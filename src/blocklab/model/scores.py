@@ -5,11 +5,12 @@ grid's paths). :func:`~blocklab.model.attention._sdpa` runs it when SDPA cannot:
 an attention-logit softcap (SDPA has none), or a layer whose ``stats`` list asks for the
 monitor's readings (the largest raw score and the entropy of the attention distribution).
 
-SDPA's semantics are kept: ``is_causal`` is its top-left aligned lower triangle, a bool mask
-says which pairs are allowed, a float mask is added to the scores (ALiBi / T5 biases, ``-inf``
-for a forbidden pair), a query row that sees no key gets zeros (never NaN), ``enable_gqa``
-shares each key/value head among ``H / Hkv`` consecutive query heads, ``scale`` None is
-``1/sqrt(D)``, and dropout (training only) acts on the probabilities.
+SDPA's semantics are kept: ``is_causal`` is its lower triangle (blocklab asks for it with as
+many queries as keys only), a bool mask says which pairs are allowed, a float mask is added to
+the scores (ALiBi / T5 biases, ``-inf`` for a forbidden pair) — masks.additive reads either —
+a query row that sees no key gets zeros (never NaN), ``enable_gqa`` shares each key/value head
+among ``H / Hkv`` consecutive query heads, ``scale`` None is ``1/sqrt(D)``, and dropout
+(training only) acts on the probabilities.
 
 The softcap ("Gemma 2", arXiv 2408.00118; HF ``modeling_gemma2.eager_attention_forward``):
 ``scores <- c · tanh(scores / c)`` after the score scale, before the mask (and any additive
@@ -53,17 +54,6 @@ def attend(q: Tensor, k: Tensor, v: Tensor, visibility: masks.Visibility, *,
                                           scale=scale, **visibility.sdpa_kwargs())
 
 
-def allowed_pairs(mask: Tensor | None, causal: bool, tq: int, tk: int,
-                  device: torch.device) -> Tensor | None:
-    """(B|1, H|1, Tq, Tk) bool: the pairs a query may see under SDPA's ``attn_mask`` /
-    ``is_causal`` (None: every pair)."""
-    if causal:
-        return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()[None, None]
-    if mask is None:
-        return None
-    return mask if mask.dtype == torch.bool else mask > float("-inf")
-
-
 def explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
                        causal: bool = False, scale: float | None = None, dropout: float = 0.0,
                        enable_gqa: bool = False, cap: float | None = None,
@@ -81,12 +71,11 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None =
         k = k.repeat_interleave(h // k.shape[1], 1)
         v = v.repeat_interleave(h // v.shape[1], 1)
     raw = (q @ k.transpose(-1, -2)).float() * (d ** -0.5 if scale is None else scale)
-    ok = allowed_pairs(mask, causal, tq, tk, q.device)
+    # the mask as scores to add: a bias (ALiBi, T5) and -inf at forbidden pairs (masks.py)
+    add = masks.additive(masks.Visibility(mask, causal), tq, tk, q.device)
+    ok = None if add is None else add > float("-inf")  # (B|1, H|1, Tq, Tk) allowed pairs
     s = softcap(raw, cap)
-    if mask is not None and mask.dtype != torch.bool:
-        s = s + mask.float()  # an additive bias (ALiBi, T5) and -inf for forbidden pairs
-    elif ok is not None:
-        s = s.masked_fill(~ok, float("-inf"))
+    s = s if add is None else s + add.float()
     sees = None if ok is None else ok.any(-1, keepdim=True)  # (B|1, H|1, Tq, 1)
     empty = sees is not None and sink is None  # rows may see nothing: SDPA gives them zeros
     if empty:  # finite scores there, so that neither the softmax nor its gradient is NaN
@@ -109,9 +98,10 @@ def explicit_attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None =
 def _readings(raw: Tensor, p: Tensor, ok: Tensor | None, sees: Tensor | None) -> dict:
     """The monitor's readings of one attention call (:func:`explicit_attention`)."""
     shape = raw.shape
-    top = raw if ok is None else raw.masked_fill(~ok, float("-inf"))
+    top = raw if ok is None else raw[ok.expand(shape)]  # the allowed pairs' raw scores
     ent = -torch.special.xlogy(p, p).sum(-1)  # (B, H, Tq) in nats
     rows = torch.ones(shape[:3], device=raw.device) if sees is None else (
         sees[..., 0].expand(shape[:3]).float())
     ent = (ent * rows).sum((0, 2)) / rows.sum((0, 2)).clamp(min=1.0)
-    return {"logit_max": top.amax().detach().float(), "entropy": ent.detach().float()}
+    big = top.amax() if top.numel() else raw.new_tensor(float("-inf"))
+    return {"logit_max": big.detach().float(), "entropy": ent.detach().float()}

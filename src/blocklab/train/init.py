@@ -26,7 +26,8 @@ from blocklab.config.stored import refuse_instructions
 from blocklab.provenance import config_diff, digest
 
 # model keys an init_from run may change on top of its source
-COMPATIBLE = ("model.dropout", "model.mixer.dropout", "model.init_std",
+COMPATIBLE = ("model.dropout", "model.mixer.dropout", "model.init_std", "model.init",
+              "model.embed_init_std",
               "model.position.scaling", "model.position.factor",
               "model.position.original_max_seq_len", "model.position.yarn_beta_fast",
               "model.position.yarn_beta_slow", "model.position.low_freq_factor",

@@ -189,18 +189,19 @@ class Monitors(L.Callback):
             return
         self._seen_step = step
         loss = getattr(pl_module, "_step_loss", None)
+        keep = step % self.cfg.every == 0  # series kept on monitor steps only (checkpoints)
         if loss is not None:
-            self._loss(step, float(loss))
+            self._loss(step, float(loss), keep=keep)
         if nonfinite:  # a non-finite gradient: the step changed nothing
             self._diverge(step, math.nan if loss is None else float(loss), "non-finite gradient")
         row = pl_module.last_row if pl_module.last_row_step == step else {}
         readings: dict[str, float] = {}
-        if step % self.cfg.every == 0:
+        if keep:
             readings = self.read(trainer, pl_module)
             row.update(readings)
-        if "train/grad_norm" in row:
+        if "train/grad_norm" in row:  # range-checked on every logged row
             readings["train/grad_norm"] = row["train/grad_norm"]
-        self.record(step, readings)
+        self.record(step, readings, keep=keep)
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._seen_step = trainer.global_step
@@ -282,9 +283,10 @@ class Monitors(L.Callback):
                 "logz_mean": (c.logz_max, "|.|<="), "logz_max": (c.logz_max, "|.|<="),
                 "update_ratio": (c.update_ratio_max, "<=")}.get(kind)
 
-    def record(self, step: int, readings: dict[str, float]) -> None:
+    def record(self, step: int, readings: dict[str, float], *, keep: bool = True) -> None:
         for key, value in readings.items():
-            self.series.setdefault(key, []).append([step, value])
+            if keep:
+                self.series.setdefault(key, []).append([step, value])
             rule = self.limit(key, value)
             if rule is None:
                 continue
@@ -299,8 +301,9 @@ class Monitors(L.Callback):
             if self.first_out is None:
                 self.first_out = found
 
-    def _loss(self, step: int, loss: float) -> None:
-        self.losses.append([step, loss])
+    def _loss(self, step: int, loss: float, *, keep: bool = True) -> None:
+        if keep or not math.isfinite(loss):
+            self.losses.append([step, loss])
         if not math.isfinite(loss):
             self._diverge(step, loss, "non-finite loss")
         elif self.running_min is not None and loss > self.running_min + self.cfg.diverged_above:

@@ -350,7 +350,8 @@ def _trainer(tc: TrainConfig, run_dir: Path, meta: dict[str, Any], resumed: ckpt
         # row before any checkpoint of that step.
         callbacks=[StepRow(log_every=t.log_every_steps, val_every=t.val_every_steps,
                            accumulate=t.accumulate, max_steps=t.max_steps),
-                   *monitor_callbacks(tc, run_dir), *user_callbacks(tc.callbacks), *lightning_options(t, run_dir),
+                   *monitor_callbacks(tc, run_dir), *user_callbacks(tc.callbacks),
+                   *lightning_options(t, run_dir),
                    DurableMetrics(max_steps=t.max_steps),
                    preemption, saver, *probe_callbacks(tc, meta, run_dir, all_ranks=sharded(t)),
                    *_progress(t.progress_bar)],
