@@ -109,6 +109,9 @@ def test_the_grid_checks_pass_and_fail_where_they_should():
     assert not bounded.evaluate(_results({"baseline": base, "qk-norm": base}, ok, lrs))[1]
     reported = sc.Reported("z-loss", lrs, other="baseline")
     assert reported.evaluate(_results({"baseline": base, "z-loss": base}, lrs=lrs))[1]
+    part = _results({"baseline": base, "qk-norm": base}, lrs=lrs)  # --only: a rate left out
+    del part[sc.arm_name("qk-norm", lrs[1])]
+    assert sens.evaluate(part) == ("not measured (--only)", False)
 
 
 def test_the_depth_checks():

@@ -62,6 +62,16 @@ class Grid(ck.Check):
                                                    metric)] for lr in self.lrs]
         return [list(seed) for seed in zip(*per_lr, strict=True)]
 
+    def evaluate(self, results: ck.Results) -> tuple[str, bool]:
+        """(observed, passed); a grid with a rate left out (``--only``) is not measured."""
+        groups = {self.group, self.other_group} - {""}
+        if any(arm_name(g, lr) not in results for g in groups for lr in self.lrs):
+            return "not measured (--only)", False
+        return self.observe(results)
+
+    def observe(self, results: ck.Results) -> tuple[str, bool]:
+        raise NotImplementedError
+
     @staticmethod
     def tallies_of(results: ck.Results, arm: str, metric: str):
         try:
@@ -84,7 +94,7 @@ class LogitGrowthCheck(Grid):
         return (f"{self.group}: the largest attention logit at the two highest rates >= "
                 f"{self.factor:g}x that at the lowest rate ({self.lrs[0]:g})")
 
-    def evaluate(self, results: ck.Results) -> tuple[str, bool]:
+    def observe(self, results: ck.Results) -> tuple[str, bool]:
         seeds = self.values(results, LOGIT)
         ratios = [max(v[-2:]) / v[0] for v in seeds]
         observed = "; ".join(", ".join(f"{lr:g}: {_f(x)}" for lr, x in zip(self.lrs, v))
@@ -100,7 +110,7 @@ class DegradesCheck(Grid):
         return (f"{self.group}: the loss at the highest rate ({self.lrs[-1]:g}) >= the arm's "
                 f"best + {self.margin:g}")
 
-    def evaluate(self, results: ck.Results) -> tuple[str, bool]:
+    def observe(self, results: ck.Results) -> tuple[str, bool]:
         seeds = self.values(results, LOSS)
         observed = "; ".join(f"{_f(v[-1])} vs best {_f(min(v))} (lr {self.lrs[v.index(min(v))]:g})"
                              for v in seeds)
@@ -116,7 +126,7 @@ class SensitivityCheck(Grid):
         return (f"{self.group}: learning-rate sensitivity <= {self.ratio:g}x {self.other_group}'s,"
                 f" and its best loss <= {self.other_group}'s best + {self.slack:g}")
 
-    def evaluate(self, results: ck.Results) -> tuple[str, bool]:
+    def observe(self, results: ck.Results) -> tuple[str, bool]:
         a, b = self.values(results, LOSS), self.values(results, LOSS, self.other_group)
         rows, ok = [], True
         for x, y in zip(a, b, strict=True):
@@ -135,7 +145,7 @@ class ReportedCheck(Grid):
         return (f"{self.group} (reported, not decided): learning-rate sensitivity and largest "
                 f"|log Z| against {self.other_group}'s (the paper: both lower)")
 
-    def evaluate(self, results: ck.Results) -> tuple[str, bool]:
+    def observe(self, results: ck.Results) -> tuple[str, bool]:
         a, b = self.values(results, LOSS), self.values(results, LOSS, self.other_group)
         za = self.values(results, LOGZ)
         zb = self.values(results, LOGZ, self.other_group)
@@ -153,7 +163,7 @@ class BoundedCheck(Grid):
         return (f"{self.group}: the largest attention logit at the highest rate "
                 f"({self.lrs[-1]:g}) <= {self.other_group}'s / {self.factor:g}")
 
-    def evaluate(self, results: ck.Results) -> tuple[str, bool]:
+    def observe(self, results: ck.Results) -> tuple[str, bool]:
         a, b = self.values(results, LOGIT), self.values(results, LOGIT, self.other_group)
         return ("; ".join(f"{_f(x[-1])} vs {_f(y[-1])}" for x, y in zip(a, b)),
                 all(x[-1] * self.factor <= y[-1] for x, y in zip(a, b, strict=True)))
