@@ -210,15 +210,27 @@ def test_the_probe_reads_what_a_direct_computation_reads():
     assert st.probe(model, ids)["max attention logit"] > 2.5 * got["max attention logit"]
 
 
-def test_the_initial_model_is_the_seeded_build():
-    """The initial loss's model: the run's config built after seeding with its seed (twice the
-    same weights; another seed other weights)."""
-    from types import SimpleNamespace
+def test_the_initial_model_is_the_one_training_starts_from():
+    """The initial loss's model: the run's config built after seeding with its seed equals, bit
+    for bit, the model training builds (seed_everything, then LitModel); another seed differs
+    (the negative control)."""
+    import dataclasses
 
-    from blocklab.config import ModelConfig
+    import lightning as L
 
-    m = ModelConfig(vocab_size=40, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_seq_len=16)
-    a, b = (st.initial_model(SimpleNamespace(seed=0, model=m)) for _ in range(2))
-    c = st.initial_model(SimpleNamespace(seed=1, model=m))
-    wa, wb, wc = (next(x.parameters()) for x in (a, b, c))
-    assert torch.equal(wa, wb) and not torch.equal(wa, wc)
+    from blocklab.config import compose, validate_train
+    from blocklab.train.module import LitModel
+    from blocklab.train.run import to_train_config
+
+    exp = ex.experiment("stability", "quick")
+    tc = to_train_config(compose("train", list(exp.sizes["quick"].arms[0].overrides)))
+    tc = validate_train(dataclasses.replace(tc, model=dataclasses.replace(tc.model,
+                                                                          vocab_size=92)))
+    L.seed_everything(tc.seed, workers=True, verbose=False)
+    trained = LitModel(tc, meta={}, flops_per_token=1.0, peak_flops=None,
+                       resumed_optim=None).model.state_dict()
+    ours = st.initial_model(tc).state_dict()
+    other = st.initial_model(dataclasses.replace(tc, seed=tc.seed + 1)).state_dict()
+    assert trained.keys() == ours.keys()
+    assert all(torch.equal(trained[k], ours[k]) for k in ours)
+    assert not all(torch.equal(other[k], ours[k]) for k in ours)

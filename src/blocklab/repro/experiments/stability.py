@@ -1,9 +1,10 @@
 """The small-scale proxies of large-run instabilities (Wortsman et al. 2023, arXiv 2309.14322),
 CPU-sized: a 4-layer character-level decoder on the Shakespeare plays trained over a grid of
-learning rates with and without QK-norm and z-loss (final loss and the largest attention logit
-against the rate: the paper's Figures 1 and 4 in shape; learning-rate sensitivity per arm), and
-a 24-layer stack where post-norm without warmup falls behind pre-norm and warmup or DeepNorm
-close the gap (Xiong et al. 2020, arXiv 2002.04745; DeepNet, arXiv 2203.00555).
+learning rates with and without QK-norm and z-loss (final loss against the rate: the paper's
+Figure 1 in shape; the largest attention logit against the rate; learning-rate sensitivity per
+arm), and a 24-layer stack where post-norm without warmup is expected to fall behind pre-norm
+and warmup or DeepNorm to close the gap (Xiong et al. 2020, arXiv 2002.04745; DeepNet, arXiv
+2203.00555). Measured: docs/reproductions.md.
 
 Every run is an arm of its own (``<arm> lr <rate>``, one per rate, all measured); the grid's
 quantities (sensitivity, the growth of the attention logit) are computed by the checks over an
@@ -22,7 +23,7 @@ from blocklab.repro import text as tx
 from blocklab.repro.experiments import stability_checks as sc
 from blocklab.repro.protocol import Arm, Experiment, Protocol, swap_all
 
-# The paper's recipe (Section 2, Appendix A) on experiment=shakespeare_char's model: AdamW
+# The paper's recipe on experiment=shakespeare_char's model: AdamW
 # beta (0.9, 0.95), eps 1e-8, weight decay 1e-4 independent of the rate, clip 1, linear warmup
 # (10 % of the steps) then cosine to 1 % of the rate; one seed, one data order for every run
 # (trainer.skip_nonfinite: a run whose loss is non-finite goes on, skipping, and reads as

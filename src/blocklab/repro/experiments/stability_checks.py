@@ -1,7 +1,7 @@
 """The stability experiment's quantities over a learning-rate grid (one arm per rate, named
 ``<arm> lr <rate>``), its checks and its figure (:mod:`blocklab.repro.experiments.stability`).
 
-Learning-rate sensitivity is Wortsman et al. 2023's (arXiv 2309.14322, Section 3.1):
+Learning-rate sensitivity is Wortsman et al. 2023's (arXiv 2309.14322):
 ``mean over the rates of min(loss(rate), initial loss) - min over the rates of the same``, the
 best being the arm's own; a diverged run reads as its initial loss.
 """
