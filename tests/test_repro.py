@@ -213,31 +213,32 @@ def test_breaks_change_an_arm_and_reuse_runs() -> None:
                 assert twins, f"{name} --break {what}: {b.name} is like no other arm"
 
 
-def test_protocols_compose_and_validate() -> None:
+@pytest.mark.parametrize("name", ex.names())
+def test_protocols_compose_and_validate(name: str) -> None:
     """Every arm of every size is a valid training config (composed and validated, nothing
-    trained). Arms with the same overrides (a quick arm that is also a full one) compose once."""
+    trained). Arms with the same overrides (a quick arm that is also a full one) compose once.
+    One test per experiment, so that the workers share them."""
     from blocklab.config import compose, validate_train
     from blocklab.repro.runner import RUN_DEFAULTS
     from blocklab.train.run import to_train_config
 
     composed: dict[tuple[str, ...], object] = {}
-    for name in ex.names():
-        for size in pr.SIZES:
-            arms = ex.experiment(name, size).sizes[size].arms
-            # a swept arm composed at its first rate (the others differ in optim.lr alone)
-            for arm in [with_lr(a, a.sweep.lrs[0]) if a.sweep else a for a in arms]:
-                if arm.overrides not in composed:  # raises ConfigError when invalid
-                    composed[arm.overrides] = validate_train(to_train_config(
-                        compose("train", [*RUN_DEFAULTS, *arm.overrides])))
-                tc = composed[arm.overrides]
-                lr = [o for o in arm.overrides if o.startswith("optim.lr=")]
-                assert len(lr) <= 1 and (not lr or tc.optim.lr == float(lr[0].split("=")[1]))
-                steps = [o for o in arm.overrides if o.startswith("trainer.max_steps=")]
-                if not steps:  # a recipe's own length (experiment=...: its full size)
-                    assert arm.overrides[0].startswith("experiment=") and size == "full"
-                    steps = [f"trainer.max_steps={tc.trainer.max_steps}"]
-                assert steps and tc.trainer.max_steps == int(steps[-1].split("=")[1])
-                assert not tc.probes.enabled and not tc.checkpoint_probes.enabled
+    for size in pr.SIZES:
+        arms = ex.experiment(name, size).sizes[size].arms
+        # a swept arm composed at its first rate (the others differ in optim.lr alone)
+        for arm in [with_lr(a, a.sweep.lrs[0]) if a.sweep else a for a in arms]:
+            if arm.overrides not in composed:  # raises ConfigError when invalid
+                composed[arm.overrides] = validate_train(to_train_config(
+                    compose("train", [*RUN_DEFAULTS, *arm.overrides])))
+            tc = composed[arm.overrides]
+            lr = [o for o in arm.overrides if o.startswith("optim.lr=")]
+            assert len(lr) <= 1 and (not lr or tc.optim.lr == float(lr[0].split("=")[1]))
+            steps = [o for o in arm.overrides if o.startswith("trainer.max_steps=")]
+            if not steps:  # a recipe's own length (experiment=...: its full size)
+                assert arm.overrides[0].startswith("experiment=") and size == "full"
+                steps = [f"trainer.max_steps={tc.trainer.max_steps}"]
+            assert steps and tc.trainer.max_steps == int(steps[-1].split("=")[1])
+            assert not tc.probes.enabled and not tc.checkpoint_probes.enabled
 
 
 def _fake_runs(monkeypatch, values: dict[float, float | None]) -> list[float]:
