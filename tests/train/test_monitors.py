@@ -201,7 +201,7 @@ def test_update_ratio_by_hand():
 
 
 def test_ranges_and_the_first_monitor_out_of_range():
-    cb = Monitors(MonitorConfig(every=1, residual_max=10.0, logz_max=5.0), None)
+    cb = Monitors(MonitorConfig(every=1, residual_max=10.0, logz_max=5.0, loss_window=1), None)
     cb.record(1, {"monitor/residual_rms/decoder.0": 1.0, "monitor/logz_mean": -1.0})
     cb.record(2, {"monitor/residual_rms/decoder.0": 9.0, "monitor/logz_mean": -6.0})
     cb.record(3, {"monitor/residual_rms/decoder.0": 11.0})
@@ -211,11 +211,32 @@ def test_ranges_and_the_first_monitor_out_of_range():
     for step, loss in [(1, 5.0), (2, 4.0), (3, 4.9), (4, 5.2)]:
         cb._loss(step, loss)
     assert cb.diverged == {"step": 4, "loss": 5.2, "running_min": 4.0,
-                           "why": "more than 1 nats over the running minimum"}
+                           "why": "the loss more than 1 nats over its running minimum"}
     line = describe(cb.report())
-    assert line.startswith("diverged at step 4 (loss 5.2, running min 4; more than 1 nats over "
-                           "the running minimum); first monitor out "
+    assert line.startswith("diverged at step 4 (loss 5.2, running min 4; the loss more than 1 "
+                           "nats over its running minimum); first monitor out "
                            "of range: logz_mean at step 2 (|-6| > limit 5)"), line
+
+
+def test_a_noisy_loss_is_no_divergence_and_a_blow_up_is_caught_at_once():
+    """The default run's task mixture gives step losses 1.2 nats apart batch to batch: the
+    moving average (monitors.loss_window) does not call that a divergence, the raw loss does
+    (the control); a loss that jumps for good is caught at its first step all the same."""
+    noisy = [4.0 - 0.01 * i + (1.2 if i % 7 == 3 else 0.0) for i in range(200)]
+    smooth = Monitors(MonitorConfig(every=1), None)
+    raw = Monitors(MonitorConfig(every=1, loss_window=1), None)
+    for step, loss in enumerate(noisy):
+        smooth._loss(step, loss)
+        raw._loss(step, loss)
+    assert smooth.diverged is None
+    assert raw.diverged is not None and raw.diverged["step"] == 3  # the first spike
+    blow = Monitors(MonitorConfig(every=1), None)
+    for step, loss in enumerate([3.0] * 50 + [20.0] * 5):
+        blow._loss(step, loss)
+    assert blow.diverged["step"] == 50
+    # the weight is 2 / (window + 1): 3 + (2 / 21) · 17 = 4.62 > 3 + 1
+    assert blow.diverged["loss"] == pytest.approx(3.0 + 2 / 21 * 17.0)
+    assert blow.diverged["running_min"] == pytest.approx(3.0)
 
 
 # ------------------------------------------------------------------ runs end to end

@@ -21,5 +21,8 @@ class MonitorConfig:
     residual_max: float = 1000.0  # the residual stream's RMS (any layer), times its first value
     update_ratio_max: float = 0.1  # RMS(update) / RMS(parameter) of a parameter group
     grad_norm_max: float = 100.0  # gradient norm (pre-clip), times its first value
-    # a run has diverged when its loss is non-finite or this many nats above its running min
+    # a run has diverged when its loss is non-finite, or when its loss averaged over about
+    # loss_window steps (an exponential moving average: a mixture's step loss is noisy) is this
+    # many nats above that average's running minimum; loss_window 1 = the raw step loss
     diverged_above: float = 1.0
+    loss_window: int = 20

@@ -266,6 +266,8 @@ def validate_monitors(mc: MonitorConfig, key: str = "monitors") -> MonitorConfig
     """The stability monitors' cadence and ranges (train/monitors.py)."""
     _check(mc.every >= 0, f"{key}.every", mc.every, "must be >= 0 (0 = off)")
     _check(mc.batch_size >= 1, f"{key}.batch_size", mc.batch_size, "must be >= 1")
+    _check(mc.loss_window >= 1, f"{key}.loss_window", mc.loss_window,
+           "must be >= 1 (1 = the raw step loss)")
     for f in dataclasses.fields(mc):
         value = getattr(mc, f.name)
         if isinstance(value, float):

@@ -122,7 +122,9 @@ def describe(report: dict[str, Any] | None) -> str:
                 f"{low}{why})")
         return line + ("; first monitor out of range: " + _reading(first) if first
                        else "; no monitor left its range before it")
-    line = f"no divergence (loss within {report.get('diverged_above', 1.0):g} nats of its " \
+    window = report.get("loss_window", 1)
+    what = "loss" if window == 1 else f"loss averaged over ~{window} steps"
+    line = f"no divergence ({what} within {report.get('diverged_above', 1.0):g} nats of its " \
            "running minimum)"
     if not outs:
         return line + "; every monitor stayed in its range"

@@ -14,10 +14,11 @@ gradients, and what it shows:
 Rows go into the step's metrics row (train/metrics.py), so every logger gets them
 (``monitor/...`` keys). Each monitor has a range (``monitors.*`` limits; the residual stream
 and ``train/grad_norm`` relative to their first reading): the first reading out of its range is
-kept, and so is the first step the run diverged (loss non-finite, or more than
-``monitors.diverged_above`` nats over its running minimum). Figures and ``monitors.json`` are
-written under ``<run dir>/monitors/`` when training ends or fails (train/monitor_plots.py); the
-run summary reads them.
+kept, and so is the first step the run diverged (loss non-finite, or its moving average over
+about ``monitors.loss_window`` steps more than ``monitors.diverged_above`` nats over that
+average's running minimum: one noisy batch of a task mixture is no divergence). Figures and
+``monitors.json`` are written under ``<run dir>/monitors/`` when training ends or fails
+(train/monitor_plots.py); the run summary reads them.
 
 The readings change nothing: no gradient, no random draw (the generators' state is restored all
 the same), the model back in its mode; a resumed run continues the series from its checkpoint.
@@ -170,6 +171,7 @@ class Monitors(L.Callback):
         self.first_out: dict[str, Any] | None = None
         self.diverged: dict[str, Any] | None = None
         self.running_min: float | None = None
+        self.smoothed: float | None = None  # the loss's moving average (monitors.loss_window)
         self.losses: list[list[float]] = []
 
     # ------------------------------------------------------------------- lightning hooks
@@ -221,7 +223,8 @@ class Monitors(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"series": self.series, "first": self.first, "out_of_range": self.out_of_range,
                 "first_out": self.first_out, "diverged": self.diverged,
-                "running_min": self.running_min, "losses": self.losses}
+                "running_min": self.running_min, "smoothed": self.smoothed,
+                "losses": self.losses}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -306,11 +309,17 @@ class Monitors(L.Callback):
             self.losses.append([step, loss])
         if not math.isfinite(loss):
             self._diverge(step, loss, "non-finite loss")
-        elif self.running_min is not None and loss > self.running_min + self.cfg.diverged_above:
-            self._diverge(step, loss, f"more than {self.cfg.diverged_above:g} nats over the "
-                          "running minimum")
-        if math.isfinite(loss):
-            self.running_min = loss if self.running_min is None else min(self.running_min, loss)
+            return
+        # an exponential moving average of span loss_window (weight 2 / (window + 1))
+        weight = 2.0 / (self.cfg.loss_window + 1)
+        avg = loss if self.smoothed is None else self.smoothed + weight * (loss - self.smoothed)
+        self.smoothed = avg
+        if self.running_min is not None and avg > self.running_min + self.cfg.diverged_above:
+            what = "the loss" if self.cfg.loss_window == 1 else (
+                f"the loss averaged over ~{self.cfg.loss_window} steps")
+            self._diverge(step, avg, f"{what} more than {self.cfg.diverged_above:g} nats over "
+                          "its running minimum")
+        self.running_min = avg if self.running_min is None else min(self.running_min, avg)
 
     def _diverge(self, step: int, loss: float, why: str) -> None:
         if self.diverged is None:
@@ -321,7 +330,7 @@ class Monitors(L.Callback):
     def report(self) -> dict[str, Any]:
         return {"diverged": self.diverged, "first_out_of_range": self.first_out,
                 "out_of_range": sorted(self.out_of_range.values(), key=lambda f: f["step"]),
-                "diverged_above": self.cfg.diverged_above}
+                "diverged_above": self.cfg.diverged_above, "loss_window": self.cfg.loss_window}
 
     def write(self, trainer, *, failed: bool = False) -> None:
         """``monitors.json`` and the figures (rank 0)."""
