@@ -94,6 +94,8 @@ class Llama(Arch):
     defaults: ClassVar[dict[str, Any]] = {"num_key_value_heads": None,
                                           "max_position_embeddings": 2048}
     mlp: ClassVar[str] = "mlp"  # the HF name of a layer's feed-forward block
+    #: HF's names of a layer's two norms -> blocklab's ``norms.0`` / ``norms.1``
+    norm_names: ClassVar[tuple[str, str]] = ("input_layernorm", "post_attention_layernorm")
 
     def config_in(self, f: Fields, tensors: dict[str, Tensor]) -> dict[str, Any]:
         plain = self.core_in(f)
@@ -160,8 +162,8 @@ class Llama(Arch):
         out = {"embed.weight": w.take(f"{p}embed_tokens.weight")}
         for i in range(m.n_layers):
             a, b = f"{p}layers.{i}.", f"decoder.blocks.{i}."
-            out[b + "norms.0.weight"] = w.take(a + "input_layernorm.weight")
-            out[b + "norms.1.weight"] = w.take(a + "post_attention_layernorm.weight")
+            for j, norm in enumerate(self.norm_names):
+                out[b + f"norms.{j}.weight"] = w.take(a + f"{norm}.weight")
             self.attn_in(w, m, a, b, out)
             for kind in (["weight", "bias"] if m.ffn.bias else ["weight"]):
                 f = a + self.mlp
@@ -176,8 +178,8 @@ class Llama(Arch):
         out = {"model.embed_tokens.weight": s["embed.weight"]}
         for i in range(m.n_layers):
             a, b = f"model.layers.{i}.", f"decoder.blocks.{i}."
-            out[a + "input_layernorm.weight"] = s[b + "norms.0.weight"]
-            out[a + "post_attention_layernorm.weight"] = s[b + "norms.1.weight"]
+            for j, norm in enumerate(self.norm_names):
+                out[a + f"{norm}.weight"] = s[b + f"norms.{j}.weight"]
             self.attn_out(s, m, a, b, out)
             for kind in (["weight", "bias"] if m.ffn.bias else ["weight"]):
                 gate, up = s[b + f"ffn.gate_up.{kind}"].chunk(2, dim=0)

@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from blocklab.config import ModelConfig
-from blocklab.convert.arch_base import _head_in
 from blocklab.convert.archs import Llama
 from blocklab.convert.fields import Fields
 from blocklab.convert.weights import Weights
@@ -56,7 +55,20 @@ def qk_mixer(scope: str) -> dict[str, Any]:
     return {"qk_norm": "rmsnorm", "qk_norm_scope": scope}
 
 
-class Qwen3(Llama):
+class QKNormed(Llama):
+    """Llama's weight layout plus ``self_attn.q_norm`` / ``k_norm`` on every layer."""
+
+    def attn_in(self, w: Weights, m: ModelConfig, a: str, b: str, out: dict[str, Tensor]) -> None:
+        super().attn_in(w, m, a, b, out)
+        qk_norm_in(w, a, b, out)
+
+    def attn_out(self, s: dict[str, Tensor], m: ModelConfig, a: str, b: str,
+                 out: dict[str, Tensor]) -> None:
+        super().attn_out(s, m, a, b, out)
+        qk_norm_out(s, a, b, out)
+
+
+class Qwen3(QKNormed):
     """Qwen3 (dense): Llama's layout, per-head QK-norm, Qwen2's windows (module docstring)."""
 
     name, model_types = "qwen3", ("qwen3",)
@@ -75,23 +87,16 @@ class Qwen3(Llama):
     def config_out(self, m: ModelConfig) -> dict[str, Any]:
         return {**self.core_out(m), **Qwen2.windows_out(m), "attention_bias": m.attention.bias}
 
-    def attn_in(self, w: Weights, m: ModelConfig, a: str, b: str, out: dict[str, Tensor]) -> None:
-        super().attn_in(w, m, a, b, out)
-        qk_norm_in(w, a, b, out)
 
-    def attn_out(self, s: dict[str, Tensor], m: ModelConfig, a: str, b: str,
-                 out: dict[str, Tensor]) -> None:
-        super().attn_out(s, m, a, b, out)
-        qk_norm_out(s, a, b, out)
-
-
-class Olmo2(Llama):
-    """OLMo-2: QK-norm over the whole projections and the reordered norm (module docstring)."""
+class Olmo2(QKNormed):
+    """OLMo-2: QK-norm over the whole projections and the reordered norm (module docstring):
+    its two norms per layer sit on the sublayers' outputs."""
 
     name, model_types = "olmo2", ("olmo2",)
     hf_class = "Olmo2ForCausalLM"
     defaults: ClassVar[dict[str, Any]] = {  # Olmo2Config's
         "num_key_value_heads": None, "max_position_embeddings": 2048}
+    norm_names = ("post_attention_layernorm", "post_feedforward_layernorm")
 
     def config_in(self, f: Fields, tensors: dict[str, Tensor]) -> dict[str, Any]:
         f.config.setdefault("rms_norm_eps", 1e-5)  # Olmo2Config's default
@@ -103,35 +108,3 @@ class Olmo2(Llama):
 
     def config_out(self, m: ModelConfig) -> dict[str, Any]:
         return {**self.core_out(m), "attention_bias": m.attention.bias}
-
-    def weights_in(self, w: Weights, m: ModelConfig) -> dict[str, Tensor]:
-        p = "model." if w.has("model.embed_tokens.weight") else ""
-        out = {"embed.weight": w.take(f"{p}embed_tokens.weight")}
-        for i in range(m.n_layers):
-            a, b = f"{p}layers.{i}.", f"decoder.blocks.{i}."
-            out[b + "norms.0.weight"] = w.take(a + "post_attention_layernorm.weight")
-            out[b + "norms.1.weight"] = w.take(a + "post_feedforward_layernorm.weight")
-            self.attn_in(w, m, a, b, out)
-            qk_norm_in(w, a, b, out)
-            out[b + "ffn.gate_up.weight"] = w.cat(a + "mlp.gate_proj.weight",
-                                                  a + "mlp.up_proj.weight")
-            out[b + "ffn.down.weight"] = w.take(a + "mlp.down_proj.weight")
-        out["decoder.final_norm.weight"] = w.take(f"{p}norm.weight")
-        _head_in(w, m, out, "lm_head.weight")
-        return out
-
-    def weights_out(self, s: dict[str, Tensor], m: ModelConfig) -> dict[str, Tensor]:
-        out = {"model.embed_tokens.weight": s["embed.weight"]}
-        for i in range(m.n_layers):
-            a, b = f"model.layers.{i}.", f"decoder.blocks.{i}."
-            out[a + "post_attention_layernorm.weight"] = s[b + "norms.0.weight"]
-            out[a + "post_feedforward_layernorm.weight"] = s[b + "norms.1.weight"]
-            self.attn_out(s, m, a, b, out)
-            qk_norm_out(s, a, b, out)
-            gate, up = s[b + "ffn.gate_up.weight"].chunk(2, dim=0)
-            out[a + "mlp.gate_proj.weight"], out[a + "mlp.up_proj.weight"] = gate, up
-            out[a + "mlp.down_proj.weight"] = s[b + "ffn.down.weight"]
-        out["model.norm.weight"] = s["decoder.final_norm.weight"]
-        if not m.tie_embeddings:
-            out["lm_head.weight"] = s["head.proj.weight"]
-        return out
